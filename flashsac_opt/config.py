@@ -1,0 +1,112 @@
+"""FlashSAC configuration with UniLab's names and defaults.
+
+Field names are the keys of ``algo`` / ``algo.algo_params`` in UniLab 1.5.2's
+``conf/flashsac/config.yaml``; defaults are that file's values. ``from_unilab`` accepts
+the YAML file, a composed Hydra/omegaconf config or a plain mapping, so a UniLab run
+configuration and a flashsac_opt run configuration are the same object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+LEARNER_MODES = ("eager", "compile", "graph")
+
+
+@dataclass
+class FlashSACConfig:
+    # algo.*
+    num_envs: int = 1024
+    batch_size: int = 2048
+    replay_buffer_n: int = 512
+    updates_per_step: int = 2
+    learning_starts: int = 98
+    policy_frequency: int = 2
+    policy_before_critic: bool = False
+    target_frequency: int = 1
+    max_iterations: int = 5000
+    gamma: float = 0.97
+    tau: float = 0.01
+    actor_lr: float = 3.0e-4
+    critic_lr: float = 3.0e-4
+    actor_hidden_dim: int = 128
+    critic_hidden_dim: int = 256
+    num_atoms: int = 101
+    obs_normalization: bool = False
+    # algo.algo_params.*
+    normalize_reward: bool = True
+    normalized_g_max: float = 5.0
+    actor_num_blocks: int = 2
+    critic_num_blocks: int = 2
+    actor_bc_alpha: float = 0.0
+    actor_noise_zeta_mu: float = 2.0
+    actor_noise_zeta_max: int = 16
+    critic_min_v: float = -5.0
+    critic_max_v: float = 5.0
+    temp_initial_value: float = 0.01
+    temp_target_sigma: float = 0.15
+    temp_target_entropy: float | None = None
+    learning_rate_init: float = 3.0e-4
+    learning_rate_peak: float = 3.0e-4
+    learning_rate_end: float = 1.5e-4
+    learning_rate_warmup_steps: int = 0
+    learning_rate_decay_steps: int = 500000
+    n_step: int = 1
+    amp_dtype: str = "auto"
+    # training.use_amp
+    use_amp: bool = True
+    # flashsac_opt's own knob (added to UniLab's config by the patch)
+    learner_mode: str = "eager"
+
+    def __post_init__(self) -> None:
+        if self.learner_mode not in LEARNER_MODES:
+            raise ValueError(f"learner_mode must be one of {LEARNER_MODES}, got {self.learner_mode!r}")
+        if self.amp_dtype.lower() not in ("auto", "bf16", "fp16"):
+            raise ValueError(f"amp_dtype must be auto, bf16 or fp16, got {self.amp_dtype!r}")
+        if self.n_step != 1:
+            raise ValueError(f"FlashSAC supports n_step=1 only (got {self.n_step})")
+        if self.obs_normalization:
+            raise ValueError("obs_normalization=true is not supported by flashsac_opt (UniLab's default is false)")
+        for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_atoms < 2 or self.critic_max_v <= self.critic_min_v:
+            raise ValueError("the critic support needs num_atoms >= 2 and critic_max_v > critic_min_v")
+
+    @property
+    def peak_lr(self) -> float:
+        # UniLab falls back to actor_lr only when learning_rate_peak is not positive.
+        return self.learning_rate_peak if self.learning_rate_peak > 0 else self.actor_lr
+
+    @classmethod
+    def from_unilab(cls, source: Any, **overrides: Any) -> "FlashSACConfig":
+        """Build from UniLab's config.yaml path, a Hydra/omegaconf config or a mapping.
+
+        Reads ``algo`` (or the root if there is no ``algo`` key), merges
+        ``algo.algo_params`` into it and ``training.use_amp``; unknown keys are ignored
+        (UniLab's config has many runtime keys the learner does not use).
+        """
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(source, (str, Path)):
+            source = OmegaConf.load(str(source))
+        if isinstance(source, DictConfig):
+            source = OmegaConf.to_container(source, resolve=True)
+        if not isinstance(source, Mapping):
+            raise TypeError(f"cannot read a FlashSAC config from {type(source).__name__}")
+        algo = dict(source.get("algo", source))
+        flat = {k: v for k, v in algo.items() if k != "algo_params"}
+        flat.update(algo.get("algo_params") or {})
+        training = source.get("training") or {}
+        if "use_amp" in training:
+            flat["use_amp"] = training["use_amp"]
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in flat.items() if k in known}
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "FlashSACConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,348 @@
+"""The FlashSAC learner: one call runs a whole iteration of updates on one large batch.
+
+Schedule (UniLab's, per iteration): the large batch of ``updates_per_step * B`` rows is
+sliced into ``updates_per_step`` consecutive batches; update u runs the critic step, the
+actor + temperature step when ``u % policy_frequency == 0`` (before the critic when
+``policy_before_critic``), and the Polyak target update when ``u % target_frequency == 0``.
+
+Host synchronization: none inside ``update``. Metrics go to a preallocated device buffer
+(one row per update plus one row of running totals); ``read_metrics`` is the single
+device-to-host copy per iteration. A non-finite loss or gradient skips that optimizer
+step (and the BN statistics and target update that depend on it) on the device.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+
+import torch
+
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
+from flashsac_opt.objectives import (
+    CosineSchedule,
+    actor_objective,
+    critic_objective,
+    target_entropy,
+    temperature_loss_and_grad,
+)
+from flashsac_opt.optim import FlatAdam, GatedStep
+from flashsac_opt.reward_norm import RewardNormalizer
+
+BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "dones", "truncated", "critic", "next_critic")
+# Columns of a per-update metrics row.
+METRIC_COLUMNS = (
+    "critic_loss",
+    "reward_scale_std",
+    "critic_applied",
+    "actor_loss",
+    "entropy",
+    "temperature",
+    "temperature_loss",
+    "actor_applied",
+    "temperature_applied",
+)
+COL = {name: i for i, name in enumerate(METRIC_COLUMNS)}
+# Columns of the running-totals row (last row of the buffer).
+TOTAL_COLUMNS = ("critic_skipped", "actor_skipped", "temperature_skipped")
+STATE_FORMAT = "flashsac_opt/1"
+
+
+class FlashSACLearner:
+    def __init__(
+        self,
+        cfg: FlashSACConfig,
+        obs_dim: int,
+        critic_obs_dim: int,
+        action_dim: int,
+        device: str | torch.device = "cpu",
+    ):
+        self.cfg = cfg
+        self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
+        self.device = torch.device(device)
+        if cfg.use_amp and self.device.type == "cuda":
+            if cfg.amp_dtype.lower() == "fp16":
+                raise ValueError("flashsac_opt supports bf16 autocast only (fp16 needs loss scaling); set amp_dtype=bf16")
+            self.amp_dtype: torch.dtype | None = torch.bfloat16
+        else:
+            self.amp_dtype = None  # UniLab runs fp32 off CUDA as well
+
+        self.actor = FlashSACActor(
+            obs_dim,
+            action_dim,
+            cfg.actor_hidden_dim,
+            cfg.actor_num_blocks,
+            noise_zeta_mu=cfg.actor_noise_zeta_mu,
+            noise_zeta_max=cfg.actor_noise_zeta_max,
+        ).to(self.device)
+        self.critic = FlashSACCritic(
+            critic_obs_dim,
+            action_dim,
+            cfg.critic_hidden_dim,
+            cfg.critic_num_blocks,
+            cfg.num_atoms,
+            cfg.critic_min_v,
+            cfg.critic_max_v,
+        ).to(self.device)
+        self.target_critic = copy.deepcopy(self.critic)
+        self.target_critic.params.requires_grad_(False)
+        self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
+
+        self.schedule = CosineSchedule(
+            cfg.learning_rate_init,
+            cfg.peak_lr,
+            cfg.learning_rate_end,
+            cfg.learning_rate_warmup_steps,
+            cfg.learning_rate_decay_steps,
+        )
+        self.actor_adam = FlatAdam(self.actor.layout.numel, self.device)
+        self.critic_adam = FlatAdam(self.critic.layout.numel, self.device)
+        self.temperature_adam = FlatAdam(1, self.device)
+        lr = self.schedule.on_device
+        self.critic_step = GatedStep(self.critic.params, self.critic.bn_stats, self.critic_adam, self.critic.renormalized, lr)
+        self.actor_step = GatedStep(self.actor.params, self.actor.bn_stats, self.actor_adam, self.actor.renormalized, lr)
+        self.temperature_step = GatedStep(self.temperature.log_temp, None, self.temperature_adam, None, lr)
+
+        self.reward_normalizer = (
+            RewardNormalizer(cfg.gamma, cfg.normalized_g_max, self.device) if cfg.normalize_reward else None
+        )
+        self.discount = cfg.gamma**cfg.n_step
+        self.target_entropy = target_entropy(action_dim, cfg.temp_target_sigma, cfg.temp_target_entropy)
+        self.tau = torch.tensor(cfg.tau, device=self.device)
+        self.metrics: torch.Tensor | None = None
+        self.totals = torch.zeros(len(TOTAL_COLUMNS), device=self.device)
+        self.iterations = 0
+        self._last_schedule: tuple[int, int, int, bool] | None = None
+
+    # ----------------------------------------------------------------- boundary
+    def validate_batch(self, batch: dict[str, torch.Tensor], updates_per_step: int) -> int:
+        """Check a large batch at the learner boundary; return the per-update batch size.
+
+        Raises ValueError naming the field, the expected and the actual shape/dtype/device.
+        """
+        if not isinstance(batch, dict):
+            raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
+        missing = [k for k in BATCH_FIELDS if k not in batch]
+        if missing:
+            raise ValueError(f"batch is missing field(s) {missing}; expected fields {list(BATCH_FIELDS)}")
+        rows = batch["actions"].shape[0] if batch["actions"].ndim else 0
+        if rows == 0 or rows % updates_per_step:
+            raise ValueError(
+                f"batch['actions']: expected rows = updates_per_step ({updates_per_step}) x batch_size, "
+                f"got shape {tuple(batch['actions'].shape)}"
+            )
+        widths = {
+            "obs": self.obs_dim,
+            "next_obs": self.obs_dim,
+            "actions": self.action_dim,
+            "critic": self.critic_obs_dim,
+            "next_critic": self.critic_obs_dim,
+        }
+        for name in BATCH_FIELDS:
+            t = batch[name]
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"batch[{name!r}]: expected a torch.Tensor, got {type(t).__name__}")
+            if name in widths:
+                expected: tuple[tuple[int, ...], ...] = ((rows, widths[name]),)
+            else:
+                expected = ((rows,), (rows, 1))
+            if tuple(t.shape) not in expected:
+                raise ValueError(
+                    f"batch[{name!r}]: expected shape {' or '.join(str(e) for e in expected)}, got {tuple(t.shape)}"
+                )
+            if not t.is_floating_point():
+                raise ValueError(f"batch[{name!r}]: expected a floating-point dtype (float32), got {t.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"batch[{name!r}]: expected device {self.device}, got {t.device}")
+        return rows // updates_per_step
+
+    def update_reward_stats(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
+        """Fold newly collected transitions (steps, num_envs) into the reward scale."""
+        if self.reward_normalizer is not None:
+            self.reward_normalizer.update(rewards, dones)
+
+    # ---------------------------------------------------------------- updates
+    def _noise(self, rows: int) -> torch.Tensor:
+        # Same draw, shape and dtype as torch.distributions.Normal.rsample in the actor
+        # head, so a run with the same RNG state sees the same exploration noise.
+        dtype = self.amp_dtype or torch.float32
+        return torch.empty(rows, self.action_dim, device=self.device, dtype=dtype).normal_()
+
+    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, reward_std: torch.Tensor) -> torch.Tensor:
+        out = critic_objective(
+            self.actor,
+            self.critic,
+            self.target_critic,
+            self.actor.params,
+            self.critic.params,
+            self.target_critic.params,
+            self.temperature.log_temp,
+            b["next_obs"],
+            b["critic"],
+            b["next_critic"],
+            b["actions"],
+            b["rewards"],
+            b["dones"],
+            b["truncated"],
+            self._noise(b["actions"].shape[0]),
+            self.discount,
+            self.amp_dtype,
+        )
+        (grad,) = torch.autograd.grad(out.loss, self.critic.params)
+        ok = self.critic_step(grad, out.loss, out.critic_stats)
+        with torch.no_grad():
+            tgt = self.target_critic.bn_stats
+            tgt.copy_(torch.where(ok, out.target_stats, tgt))
+            row[: COL["critic_applied"] + 1].copy_(torch.stack([out.loss.detach().float(), reward_std, ok.float()]))
+        return ok
+
+    def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
+        out = actor_objective(
+            self.actor,
+            self.critic,
+            self.actor.params,
+            self.critic.params,
+            self.temperature.log_temp,
+            b["obs"],
+            b["next_obs"],
+            b["critic"],
+            b["actions"],
+            self._noise(2 * b["obs"].shape[0]),
+            self.cfg.actor_bc_alpha,
+            self.amp_dtype,
+        )
+        (grad,) = torch.autograd.grad(out.loss, self.actor.params)
+        actor_ok = self.actor_step(grad, out.loss, out.actor_stats)
+        with torch.no_grad():
+            temp_loss, temp_grad = temperature_loss_and_grad(self.temperature.log_temp, out.entropy.float(), self.target_entropy)
+            temp_ok = self.temperature_step(temp_grad, temp_loss)
+            values = [out.loss.detach().float(), out.entropy.float(), torch.exp(self.temperature.log_temp)[0], temp_loss[0]]
+            row[COL["actor_loss"] :].copy_(torch.stack(values + [actor_ok.float(), temp_ok.float()]))
+
+    def _polyak(self, critic_ok: torch.Tensor) -> None:
+        # A skipped critic step also skips the target update that would follow it.
+        with torch.no_grad():
+            self.target_critic.params.lerp_(self.critic.params, self.tau * critic_ok)
+
+    def update(
+        self,
+        batch: dict[str, torch.Tensor],
+        updates_per_step: int | None = None,
+        policy_frequency: int | None = None,
+    ) -> None:
+        """Run one iteration (all updates) on a large batch. Does not synchronize."""
+        cfg = self.cfg
+        u_count = updates_per_step or cfg.updates_per_step
+        pf = policy_frequency or cfg.policy_frequency
+        bsz = self.validate_batch(batch, u_count)
+        self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
+        if self.metrics is None or self.metrics.shape[0] != u_count + 1:
+            self.metrics = torch.zeros(u_count + 1, len(METRIC_COLUMNS), device=self.device)
+        metrics = self.metrics
+        metrics[:u_count].zero_()
+        batch = {k: (v.reshape(-1) if k in ("rewards", "dones", "truncated") else v) for k, v in batch.items()}
+        with torch.no_grad():
+            if self.reward_normalizer is not None:
+                batch["rewards"] = batch["rewards"] / self.reward_normalizer.scale()
+                reward_std = torch.sqrt(self.reward_normalizer.var)[0]
+            else:
+                reward_std = torch.ones((), device=self.device)
+        for u in range(u_count):
+            b = {k: v[u * bsz : (u + 1) * bsz] for k, v in batch.items()}
+            do_actor = u % pf == 0
+            if do_actor and cfg.policy_before_critic:
+                self._actor_update(b, metrics[u])
+            critic_ok = self._critic_update(b, metrics[u], reward_std)
+            if do_actor and not cfg.policy_before_critic:
+                self._actor_update(b, metrics[u])
+            if u % cfg.target_frequency == 0:
+                self._polyak(critic_ok)
+        with torch.no_grad():
+            skipped = 1.0 - metrics[:u_count, [COL["critic_applied"], COL["actor_applied"], COL["temperature_applied"]]]
+            actor_rows = torch.zeros(u_count, 1, device=self.device)
+            actor_rows[::pf] = 1.0
+            skipped[:, 1:] *= actor_rows
+            self.totals.add_(skipped.sum(dim=0))
+            metrics[u_count, : len(TOTAL_COLUMNS)].copy_(self.totals)
+        self.iterations += 1
+
+    def read_metrics(self) -> dict[str, float]:
+        """The iteration's metrics: the one device-to-host copy per iteration.
+
+        Names follow UniLab's TensorBoard tags; like UniLab, the losses are those of the
+        last critic update and the last actor update of the iteration.
+        """
+        if self.metrics is None or self._last_schedule is None:
+            return {}
+        u_count, pf, _, _ = self._last_schedule
+        values = self.metrics.cpu().tolist()
+        rows, totals = values[:u_count], values[u_count]
+        last_critic = rows[-1]
+        last_actor = rows[((u_count - 1) // pf) * pf]
+        out = {"Loss/critic": last_critic[COL["critic_loss"]]}
+        if self.reward_normalizer is not None:
+            out["Train/reward_scale_std"] = last_critic[COL["reward_scale_std"]]
+        out.update(
+            {
+                "Loss/actor": last_actor[COL["actor_loss"]],
+                "Loss/entropy": last_actor[COL["entropy"]],
+                "Policy/temperature": last_actor[COL["temperature"]],
+                "Loss/temperature": last_actor[COL["temperature_loss"]],
+                "Learner/critic_updates_skipped": float(sum(1.0 - r[COL["critic_applied"]] for r in rows)),
+                "Learner/actor_updates_skipped": float(sum(1.0 - rows[i][COL["actor_applied"]] for i in range(0, u_count, pf))),
+                "Learner/skipped_total": float(sum(totals[: len(TOTAL_COLUMNS)])),
+            }
+        )
+        return out
+
+    def update_metrics_table(self) -> torch.Tensor:
+        """Per-update metrics of the last iteration (host copy; for tests and experiments)."""
+        assert self.metrics is not None
+        return self.metrics.cpu()
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        def plain(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {k: v.detach().clone() for k, v in d.items()}
+
+        return {
+            "format": STATE_FORMAT,
+            "dims": {"obs": self.obs_dim, "critic_obs": self.critic_obs_dim, "action": self.action_dim},
+            "config": asdict(self.cfg),
+            "actor": plain(self.actor.state_dict()),
+            "critic": plain(self.critic.state_dict()),
+            "target_critic": plain(self.target_critic.state_dict()),
+            "temperature": plain(self.temperature.state_dict()),
+            "optim": {
+                "actor": plain(self.actor_adam.tensors()),
+                "critic": plain(self.critic_adam.tensors()),
+                "temperature": plain(self.temperature_adam.tensors()),
+            },
+            "reward_normalizer": plain(self.reward_normalizer.state_tensors()) if self.reward_normalizer else None,
+            "skipped_totals": self.totals.clone(),
+            "iterations": self.iterations,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"not a flashsac_opt learner state (format {state.get('format')!r}); "
+                "convert UniLab checkpoints with flashsac_opt.unilab_compat.from_unilab_state_dict"
+            )
+        dims = {"obs": self.obs_dim, "critic_obs": self.critic_obs_dim, "action": self.action_dim}
+        if state["dims"] != dims:
+            raise ValueError(f"checkpoint dims {state['dims']} do not match this learner's {dims}")
+        with torch.no_grad():
+            self.actor.load_state_dict(state["actor"])
+            self.critic.load_state_dict(state["critic"])
+            self.target_critic.load_state_dict(state["target_critic"])
+            self.temperature.load_state_dict(state["temperature"])
+            for adam, key in ((self.actor_adam, "actor"), (self.critic_adam, "critic"), (self.temperature_adam, "temperature")):
+                for name, tensor in adam.tensors().items():
+                    tensor.copy_(state["optim"][key][name])
+            if self.reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                self.reward_normalizer.load_state_tensors(state["reward_normalizer"])
+            if "skipped_totals" in state:
+                self.totals.copy_(state["skipped_totals"])
+        self.iterations = int(state.get("iterations", 0))

@@ -1,0 +1,375 @@
+"""FlashSAC networks (SimbaV2-style, unit-normalized) over flat parameter buffers.
+
+Each network owns ``params`` (one flat fp32 ``nn.Parameter``) and ``bn_stats`` (one flat
+buffer of BatchNorm running means/variances). ``forward`` takes the flat tensors as
+arguments so the objectives can pass detached parameters (frozen critic: no weight
+gradients at all) and so the optimizer, renormalization and Polyak update work on one
+tensor each.
+
+Training-mode forwards return the *new* running statistics instead of writing them, so
+the learner can commit them only when the step is finite (see ``objectives``).
+
+Layers:
+- unit linear: bias-free, rows renormalized to unit L2 norm after every optimizer step;
+- unit BatchNorm: momentum 0.01, (weight, bias) jointly rescaled to squared norm D;
+- unit RMSNorm: scale rescaled to norm sqrt(D);
+- block: linear(h->4h) -> BN -> ReLU -> linear(4h->h) -> BN -> ReLU, plus the residual.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from flashsac_opt.flat import FlatLayout
+
+BN_MOMENTUM = 0.01
+BN_EPS = 1e-5
+RMS_EPS = 1e-6
+RENORM_EPS = 1e-8
+EXPANSION = 4
+
+
+def tanh_log_det_jacobian(x: torch.Tensor) -> torch.Tensor:
+    """log|d tanh(x)/dx| in the softplus form, finite for large |x|."""
+    return 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))
+
+
+def _renormalize(layout: FlatLayout, groups: list[tuple[str, ...]], flat: torch.Tensor) -> torch.Tensor:
+    """Return a renormalized copy of ``flat`` (``flat`` itself is not modified).
+
+    Functional so that the learner can keep the old parameters when a step is skipped.
+    """
+    out = flat.clone()
+    for group in groups:
+        kind, names = group[0], group[1:]
+        views = [layout.view(out, n) for n in names]
+        if kind == "rows":  # unit linear: every output row to unit L2 norm
+            views[0].copy_(F.normalize(views[0], dim=-1, eps=RENORM_EPS))
+            continue
+        # "affine" (BN weight+bias pair) or "scale" (RMSNorm weight): squared norm -> D
+        dim = views[0].shape[-1]
+        if kind == "affine":
+            sqsum = torch.sum(views[0] * views[0] + views[1] * views[1], dim=-1, keepdim=True)
+        else:
+            sqsum = torch.sum(views[0] * views[0], dim=-1, keepdim=True)
+        factor = math.sqrt(float(dim)) * torch.rsqrt(sqsum + RENORM_EPS)
+        for v in views:
+            v.mul_(factor)
+    return out
+
+
+class FlashSACActor(nn.Module):
+    """Tanh-Gaussian policy: BN -> linear -> blocks -> RMSNorm -> (mean, log-std) heads."""
+
+    zeta_cdf: torch.Tensor
+    bn_stats: torch.Tensor
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden_dim: int = 128,
+        num_blocks: int = 2,
+        log_std_min: float = -10.0,
+        log_std_max: float = 2.0,
+        noise_zeta_mu: float = 2.0,
+        noise_zeta_max: int = 16,
+    ):
+        super().__init__()
+        self.obs_dim, self.action_dim, self.hidden_dim = obs_dim, action_dim, hidden_dim
+        self.num_blocks = num_blocks
+        self.log_std_min, self.log_std_max = float(log_std_min), float(log_std_max)
+        h, e = hidden_dim, hidden_dim * EXPANSION
+        shapes: list[tuple[str, tuple[int, ...]]] = [
+            ("in_bn.weight", (obs_dim,)),
+            ("in_bn.bias", (obs_dim,)),
+            ("in_proj", (h, obs_dim)),
+        ]
+        stats: list[tuple[str, tuple[int, ...]]] = [("in_bn.mean", (obs_dim,)), ("in_bn.var", (obs_dim,))]
+        self.bn_names = ["in_bn"]
+        for i in range(num_blocks):
+            b = f"block{i}"
+            shapes += [
+                (f"{b}.up", (e, h)),
+                (f"{b}.up_bn.weight", (e,)),
+                (f"{b}.up_bn.bias", (e,)),
+                (f"{b}.down", (h, e)),
+                (f"{b}.down_bn.weight", (h,)),
+                (f"{b}.down_bn.bias", (h,)),
+            ]
+            stats += [(f"{b}.up_bn.mean", (e,)), (f"{b}.up_bn.var", (e,))]
+            stats += [(f"{b}.down_bn.mean", (h,)), (f"{b}.down_bn.var", (h,))]
+            self.bn_names += [f"{b}.up_bn", f"{b}.down_bn"]
+        shapes += [
+            ("out_rms", (h,)),
+            ("mean.weight", (action_dim, h)),
+            ("mean.bias", (action_dim,)),
+            ("log_std.weight", (action_dim, h)),
+            ("log_std.bias", (action_dim,)),
+        ]
+        self.layout = FlatLayout(shapes)
+        self.stats_layout = FlatLayout(stats)
+        self.renorm_groups: list[tuple[str, ...]] = [("affine", "in_bn.weight", "in_bn.bias"), ("rows", "in_proj")]
+        for i in range(num_blocks):
+            b = f"block{i}"
+            self.renorm_groups += [
+                ("rows", f"{b}.up"),
+                ("affine", f"{b}.up_bn.weight", f"{b}.up_bn.bias"),
+                ("rows", f"{b}.down"),
+                ("affine", f"{b}.down_bn.weight", f"{b}.down_bn.bias"),
+            ]
+        self.renorm_groups += [("scale", "out_rms"), ("rows", "mean.weight"), ("rows", "log_std.weight")]
+
+        self.params = nn.Parameter(torch.zeros(self.layout.numel))
+        self.register_buffer("bn_stats", torch.zeros(self.stats_layout.numel))
+        ns = torch.arange(1, noise_zeta_max + 1, dtype=torch.float32)
+        pmf = ns.pow(-noise_zeta_mu)
+        self.register_buffer("zeta_cdf", torch.cumsum(pmf / pmf.sum(), dim=0))
+        self.reset_parameters()
+        # Collection-time exploration state, sized on first use (not checkpointed).
+        self._held_noise: torch.Tensor | None = None
+        self._hold_count: torch.Tensor | None = None
+        self._hold_target: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        views = self.layout.views(self.params.data)
+        for name, v in views.items():
+            if v.dim() == 2 and not name.endswith("bias"):
+                nn.init.orthogonal_(v)
+            elif name.endswith("bias"):
+                v.zero_()
+            else:
+                v.fill_(1.0)
+        for name, v in self.stats_layout.views(self.bn_stats).items():
+            v.fill_(1.0 if name.endswith(".var") else 0.0)
+        self.params.data.copy_(self.renormalized(self.params.data))
+
+    def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
+        return _renormalize(self.layout, self.renorm_groups, flat)
+
+    def _bn(self, x, p, s, name, training, new_stats):
+        w, b = p[f"{name}.weight"], p[f"{name}.bias"]
+        mean, var = s[f"{name}.mean"], s[f"{name}.var"]
+        if not training:
+            return F.batch_norm(x, mean, var, w, b, False, BN_MOMENTUM, BN_EPS)
+        # F.batch_norm updates the running statistics it is given in place: hand it
+        # copies, and report them as the new statistics for a gated commit.
+        mean, var = mean.clone(), var.clone()
+        out = F.batch_norm(x, mean, var, w, b, True, BN_MOMENTUM, BN_EPS)
+        new_stats += [mean, var]
+        return out
+
+    def distribution_params(
+        self, obs: torch.Tensor, params: torch.Tensor, stats: torch.Tensor, training: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Return (mean, std, new_bn_stats or None)."""
+        p = self.layout.views(params)
+        s = self.stats_layout.views(stats)
+        new_stats: list[torch.Tensor] = []
+        x = F.linear(self._bn(obs, p, s, "in_bn", training, new_stats), p["in_proj"])
+        for i in range(self.num_blocks):
+            b = f"block{i}"
+            y = F.relu(self._bn(F.linear(x, p[f"{b}.up"]), p, s, f"{b}.up_bn", training, new_stats))
+            y = F.relu(self._bn(F.linear(y, p[f"{b}.down"]), p, s, f"{b}.down_bn", training, new_stats))
+            x = y + x
+        # Kept as x / sqrt(.) (not x * rsqrt(.)) so eager results match UniLab bit for bit.
+        x = (x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + RMS_EPS)) * p["out_rms"]
+        mean = F.linear(x, p["mean.weight"], p["mean.bias"])
+        squashed = 1.0 + torch.tanh(F.linear(x, p["log_std.weight"], p["log_std.bias"]))
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * squashed
+        std = torch.exp(log_std)
+        packed = torch.cat([t.reshape(-1) for t in new_stats]) if training else None
+        return mean, std, packed
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        noise: torch.Tensor,
+        training: bool,
+        params: torch.Tensor | None = None,
+        stats: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Reparameterized sample with the given standard-normal ``noise``.
+
+        Returns (tanh action, log-prob summed over action dims, new BN stats or None).
+        """
+        params = self.params if params is None else params
+        stats = self.bn_stats if stats is None else stats
+        mean, std, new_stats = self.distribution_params(obs, params, stats, training)
+        raw = mean + noise.to(mean.dtype) * std
+        # The order of these ops is deliberate: autograd sums the gradients reaching `raw`
+        # and `std` in the order their consumers were recorded, so recording them exactly
+        # as torch.distributions.Normal does (rsample, tanh, log_prob) keeps eager gradients
+        # bit-identical to UniLab's. Adam turns any rounding difference in a near-zero
+        # gradient into a full +-lr step, so "close" here would not stay close.
+        action = torch.tanh(raw)
+        var = std**2
+        log_std = std.log()
+        log_prob = -((raw - mean) ** 2) / (2 * var) - log_std - math.log(math.sqrt(2 * math.pi))
+        log_prob = (log_prob - tanh_log_det_jacobian(raw)).sum(dim=-1)
+        return action, log_prob, new_stats
+
+    @torch.no_grad()
+    def explore(
+        self, obs: torch.Tensor, dones: torch.Tensor | None = None, deterministic: bool = False
+    ) -> torch.Tensor:
+        """Collection action with Zeta-held noise.
+
+        Each env holds one Gaussian noise vector for k steps, k ~ truncated Zeta(mu) on
+        [1, zeta_max]; it is redrawn when the hold expires or the episode ends. Branch-free
+        (``torch.where``), so it never synchronizes with the host.
+        """
+        mean, std, _ = self.distribution_params(obs, self.params, self.bn_stats, training=False)
+        if deterministic:
+            return torch.tanh(mean)
+        n = mean.shape[0]
+        if self._held_noise is None or self._held_noise.shape != mean.shape or self._held_noise.device != mean.device:
+            self._held_noise = torch.zeros_like(mean)
+            self._hold_count = torch.zeros(n, dtype=torch.int32, device=mean.device)
+            self._hold_target = torch.zeros(n, dtype=torch.int32, device=mean.device)
+        assert self._hold_count is not None and self._hold_target is not None
+        redraw = (self._hold_count <= 0) | (self._hold_count >= self._hold_target)
+        if dones is not None:
+            redraw = redraw | (dones.to(mean.device).reshape(-1) > 0.5)
+        fresh_target = torch.searchsorted(self.zeta_cdf, torch.rand(n, device=mean.device)).to(torch.int32) + 1
+        self._held_noise = torch.where(redraw.unsqueeze(-1), torch.randn_like(mean), self._held_noise)
+        self._hold_target = torch.where(redraw, fresh_target, self._hold_target)
+        self._hold_count = torch.where(redraw, torch.ones_like(self._hold_count), self._hold_count + 1)
+        return torch.tanh(mean + std * self._held_noise)
+
+
+class FlashSACCritic(nn.Module):
+    """Ensemble (default 2) of categorical critics with batched weights.
+
+    Input cat(critic_obs, action) is shared by the members; every weight has a leading
+    ensemble dimension. Output: Q (n, B) and atom log-probabilities (n, B, num_atoms).
+    """
+
+    support: torch.Tensor
+    bn_stats: torch.Tensor
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden_dim: int = 256,
+        num_blocks: int = 2,
+        num_atoms: int = 101,
+        v_min: float = -5.0,
+        v_max: float = 5.0,
+        num_members: int = 2,
+    ):
+        super().__init__()
+        n, d, h, e = num_members, obs_dim + action_dim, hidden_dim, hidden_dim * EXPANSION
+        self.num_members, self.num_blocks, self.num_atoms = n, num_blocks, num_atoms
+        self.obs_dim, self.action_dim, self.hidden_dim = obs_dim, action_dim, hidden_dim
+        shapes: list[tuple[str, tuple[int, ...]]] = [
+            ("in_bn.weight", (n, d)),
+            ("in_bn.bias", (n, d)),
+            ("in_proj", (n, h, d)),
+        ]
+        stats: list[tuple[str, tuple[int, ...]]] = [("in_bn.mean", (n, d)), ("in_bn.var", (n, d))]
+        self.renorm_groups: list[tuple[str, ...]] = [("affine", "in_bn.weight", "in_bn.bias"), ("rows", "in_proj")]
+        for i in range(num_blocks):
+            b = f"block{i}"
+            shapes += [
+                (f"{b}.up", (n, e, h)),
+                (f"{b}.up_bn.weight", (n, e)),
+                (f"{b}.up_bn.bias", (n, e)),
+                (f"{b}.down", (n, h, e)),
+                (f"{b}.down_bn.weight", (n, h)),
+                (f"{b}.down_bn.bias", (n, h)),
+            ]
+            stats += [(f"{b}.up_bn.mean", (n, e)), (f"{b}.up_bn.var", (n, e))]
+            stats += [(f"{b}.down_bn.mean", (n, h)), (f"{b}.down_bn.var", (n, h))]
+            self.renorm_groups += [
+                ("rows", f"{b}.up"),
+                ("affine", f"{b}.up_bn.weight", f"{b}.up_bn.bias"),
+                ("rows", f"{b}.down"),
+                ("affine", f"{b}.down_bn.weight", f"{b}.down_bn.bias"),
+            ]
+        shapes += [("out_rms", (n, h)), ("logits.weight", (n, num_atoms, h)), ("logits.bias", (n, num_atoms))]
+        self.renorm_groups += [("scale", "out_rms"), ("rows", "logits.weight")]
+        self.layout = FlatLayout(shapes)
+        self.stats_layout = FlatLayout(stats)
+        self.params = nn.Parameter(torch.zeros(self.layout.numel))
+        self.register_buffer("bn_stats", torch.zeros(self.stats_layout.numel))
+        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms), persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        for name, v in self.layout.views(self.params.data).items():
+            if v.dim() == 3:
+                for member in v:
+                    nn.init.orthogonal_(member)
+            elif name.endswith("bias"):
+                v.zero_()
+            else:
+                v.fill_(1.0)
+        for name, v in self.stats_layout.views(self.bn_stats).items():
+            v.fill_(1.0 if name.endswith(".var") else 0.0)
+        self.params.data.copy_(self.renormalized(self.params.data))
+
+    def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
+        return _renormalize(self.layout, self.renorm_groups, flat)
+
+    @staticmethod
+    def _bn(x, p, s, name, training, new_stats):
+        w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
+        if training:
+            # Batch statistics per member over the batch axis (dim 1).
+            mean = x.mean(dim=1, keepdim=True)
+            var = x.var(dim=1, correction=0, keepdim=True)
+            rows = x.shape[1]
+            unbiased = rows / max(rows - 1, 1)
+            new_stats.append(torch.lerp(s[f"{name}.mean"], mean.squeeze(1).float(), BN_MOMENTUM))
+            new_stats.append(torch.lerp(s[f"{name}.var"], (var.squeeze(1) * unbiased).float(), BN_MOMENTUM))
+            return (x - mean) * torch.rsqrt(var + BN_EPS) * w + b
+        mean, var = s[f"{name}.mean"].unsqueeze(1), s[f"{name}.var"].unsqueeze(1)
+        return (x - mean) * torch.rsqrt(var + BN_EPS) * w + b
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        training: bool,
+        params: torch.Tensor | None = None,
+        stats: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Returns (Q per member (n, B), atom log-probs (n, B, atoms), new BN stats or None)."""
+        p = self.layout.views(self.params if params is None else params)
+        s = self.stats_layout.views(self.bn_stats if stats is None else stats)
+        new_stats: list[torch.Tensor] = []
+        x = torch.cat((obs, actions), dim=-1)
+        x = x.unsqueeze(0).expand(self.num_members, -1, -1)
+        x = torch.einsum("nbi,noi->nbo", self._bn(x, p, s, "in_bn", training, new_stats), p["in_proj"])
+        for i in range(self.num_blocks):
+            b = f"block{i}"
+            y = torch.einsum("nbi,noi->nbo", x, p[f"{b}.up"])
+            y = F.relu(self._bn(y, p, s, f"{b}.up_bn", training, new_stats))
+            y = torch.einsum("nbi,noi->nbo", y, p[f"{b}.down"])
+            y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
+            x = y + x
+        x = (x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + RMS_EPS)) * p["out_rms"].unsqueeze(1)
+        logits = torch.einsum("nbi,noi->nbo", x, p["logits.weight"]) + p["logits.bias"].unsqueeze(1)
+        log_probs = F.log_softmax(logits, dim=-1)
+        q = torch.sum(log_probs.exp() * self.support.view(1, 1, -1), dim=-1)
+        packed = torch.cat([t.reshape(-1) for t in new_stats]) if training else None
+        return q, log_probs, packed
+
+
+class FlashSACTemperature(nn.Module):
+    """Entropy temperature alpha = exp(log_temp)."""
+
+    def __init__(self, initial_value: float = 0.01):
+        super().__init__()
+        self.log_temp = nn.Parameter(torch.tensor([math.log(initial_value)], dtype=torch.float32))
+
+    def forward(self) -> torch.Tensor:
+        return torch.exp(self.log_temp)

@@ -1,0 +1,192 @@
+"""FlashSAC objectives: critic (C51 cross-entropy), actor, temperature, schedules.
+
+The critic and actor objectives are pure functions of flat tensors (no module state is
+written), which is the boundary ``torch.compile`` sees. They return the new BatchNorm
+statistics so the learner commits them only when the step is finite.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from flashsac_opt.networks import FlashSACActor, FlashSACCritic
+
+
+def target_entropy(action_dim: int, sigma: float, override: float | None = None) -> float:
+    """Entropy of a diagonal Gaussian with std ``sigma`` per action dim (or ``override``)."""
+    if override is not None:
+        return float(override)
+    sigma = max(float(sigma), 1e-6)
+    return float(action_dim) * 0.5 * math.log(2.0 * math.pi * math.e * sigma * sigma)
+
+
+class CosineSchedule:
+    """LR multiplier: linear warm-up init->peak, then cosine peak->end over decay_steps.
+
+    ``__call__`` is the host (float) form used for checkpoints; ``on_device`` evaluates
+    the same curve from a device step counter so no host value enters a compiled or
+    captured update (the LR changes every step without recompiling or recapturing).
+    """
+
+    def __init__(self, init_lr: float, peak_lr: float, end_lr: float, warmup_steps: int, decay_steps: int):
+        self.peak = float(peak_lr)
+        self.init_ratio = init_lr / peak_lr if peak_lr > 0 else 1.0
+        self.end_ratio = end_lr / peak_lr if peak_lr > 0 else 1.0
+        self.warmup = max(int(warmup_steps), 0)
+        self.decay = max(int(decay_steps), self.warmup + 1)
+
+    def __call__(self, step: int) -> float:
+        if self.warmup > 0 and step < self.warmup:
+            return self.init_ratio + (1.0 - self.init_ratio) * (float(step) / float(self.warmup))
+        progress = min(max((step - self.warmup) / float(self.decay - self.warmup), 0.0), 1.0)
+        return self.end_ratio + (1.0 - self.end_ratio) * (0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    def on_device(self, step: torch.Tensor) -> torch.Tensor:
+        """LR (float64 0-dim) for a float64 step counter."""
+        progress = ((step - self.warmup) / float(self.decay - self.warmup)).clamp(0.0, 1.0)
+        cosine = self.end_ratio + (1.0 - self.end_ratio) * (0.5 * (1.0 + torch.cos(math.pi * progress)))
+        if self.warmup > 0:
+            ramp = self.init_ratio + (1.0 - self.init_ratio) * (step / float(self.warmup))
+            cosine = torch.where(step < self.warmup, ramp, cosine)
+        return self.peak * cosine
+
+
+def categorical_projection(
+    support: torch.Tensor,
+    next_probs: torch.Tensor,
+    rewards: torch.Tensor,
+    bootstrap: torch.Tensor,
+    entropy_term: torch.Tensor,
+    discount: float,
+) -> torch.Tensor:
+    """C51 projection of r + bootstrap * discount * (z - alpha*logpi) onto the fixed support.
+
+    Each shifted atom's mass is split between its two neighbouring atoms in proportion to
+    distance. Shapes: support (K,), next_probs (B, K), rewards/bootstrap/entropy_term (B,).
+    """
+    num_atoms = support.shape[0]
+    lo, hi = support[:1], support[-1:]
+    shifted = rewards[:, None] + bootstrap[:, None] * discount * (support[None, :] - entropy_term[:, None])
+    shifted = torch.maximum(torch.minimum(shifted, hi), lo)
+    position = (shifted - lo) / (support[1:2] - lo).clamp_min(1e-8)
+    below = position.floor().long().clamp(0, num_atoms - 1)
+    above = position.ceil().long().clamp(0, num_atoms - 1)
+    frac_above = position - below.float()
+    projected = torch.zeros_like(next_probs)
+    projected.scatter_add_(1, below, next_probs * (1.0 - frac_above))
+    projected.scatter_add_(1, above, next_probs * frac_above)
+    return projected
+
+
+def _autocast(like: torch.Tensor, dtype: torch.dtype | None) -> torch.autocast:
+    return torch.autocast(device_type=like.device.type, dtype=dtype, enabled=dtype is not None)
+
+
+class CriticOutputs(NamedTuple):
+    loss: torch.Tensor
+    critic_stats: torch.Tensor  # new BN statistics of the online critic
+    target_stats: torch.Tensor  # new BN statistics of the target critic
+
+
+def critic_objective(
+    actor: FlashSACActor,
+    critic: FlashSACCritic,
+    target: FlashSACCritic,
+    actor_params: torch.Tensor,
+    critic_params: torch.Tensor,
+    target_params: torch.Tensor,
+    log_temp: torch.Tensor,
+    obs_next: torch.Tensor,
+    critic_obs: torch.Tensor,
+    critic_obs_next: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    truncated: torch.Tensor,
+    next_noise: torch.Tensor,
+    discount: float,
+    amp_dtype: torch.dtype | None,
+) -> CriticOutputs:
+    """Distributional TD loss on the joint batch (CrossQ-style shared BN statistics).
+
+    The target and online critics both run on [s, s'] x [a, a'] (2B rows) in training-mode
+    BN; the first half gives the prediction, the second half the bootstrap distribution
+    (from the ensemble member with the smaller Q, per sample).
+    """
+    batch = actions.shape[0]
+    amp = _autocast(actions, amp_dtype)
+    obs_all = torch.cat([critic_obs, critic_obs_next], dim=0)
+    with torch.no_grad(), amp:
+        next_actions, next_log_prob, _ = actor(obs_next, next_noise, training=False, params=actor_params.detach())
+        entropy_term = torch.exp(log_temp).detach() * next_log_prob
+        act_all = torch.cat([actions, next_actions], dim=0)
+        q_all, log_probs_all, target_stats = target(obs_all, act_all, training=True, params=target_params)
+        next_q, next_log_probs = q_all[:, batch:], log_probs_all[:, batch:]
+        member = next_q.argmin(dim=0)
+        chosen = torch.gather(next_log_probs, 0, member[None, :, None].expand(1, -1, next_log_probs.shape[-1]))[0]
+        bootstrap = torch.clamp(1.0 - dones + truncated, 0.0, 1.0)
+        target_probs = categorical_projection(
+            target.support, chosen.exp(), rewards, bootstrap, entropy_term.reshape(-1), discount
+        )
+    with _autocast(actions, amp_dtype):
+        _, pred_log_probs_all, critic_stats = critic(obs_all, act_all, training=True, params=critic_params)
+        loss = -(target_probs.unsqueeze(0) * pred_log_probs_all[:, :batch]).sum(dim=-1).mean()
+    assert critic_stats is not None and target_stats is not None
+    return CriticOutputs(loss, critic_stats, target_stats)
+
+
+class ActorOutputs(NamedTuple):
+    loss: torch.Tensor
+    entropy: torch.Tensor
+    actor_stats: torch.Tensor
+
+
+def actor_objective(
+    actor: FlashSACActor,
+    critic: FlashSACCritic,
+    actor_params: torch.Tensor,
+    critic_params: torch.Tensor,
+    log_temp: torch.Tensor,
+    obs: torch.Tensor,
+    obs_next: torch.Tensor,
+    critic_obs: torch.Tensor,
+    expert_actions: torch.Tensor,
+    noise: torch.Tensor,
+    bc_alpha: float,
+    amp_dtype: torch.dtype | None,
+) -> ActorOutputs:
+    """alpha * log pi - min_i Q_i on the joint [s, s'] batch (BN statistics over 2B rows).
+
+    The critic runs on *detached* parameters in eval-mode BN: autograd gets dQ/da but
+    records no weight-gradient work for the critic at all.
+    """
+    batch = obs.shape[0]
+    amp = _autocast(obs, amp_dtype)
+    with amp:
+        actions_all, log_prob_all, actor_stats = actor(
+            torch.cat([obs, obs_next], dim=0), noise, training=True, params=actor_params
+        )
+        actions, log_prob = actions_all[:batch], log_prob_all[:batch]
+        q, _, _ = critic(critic_obs, actions, training=False, params=critic_params.detach())
+        min_q = torch.min(q[0], q[1])
+        loss = (torch.exp(log_temp).detach() * log_prob - min_q).mean()
+        if bc_alpha > 0:
+            loss = loss + bc_alpha * min_q.abs().mean().detach() * torch.mean((actions - expert_actions) ** 2)
+        entropy = -log_prob.detach().mean()
+    assert actor_stats is not None
+    return ActorOutputs(loss, entropy, actor_stats)
+
+
+def temperature_loss_and_grad(
+    log_temp: torch.Tensor, entropy: torch.Tensor, target: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """alpha * (H - H_target) and its gradient w.r.t. log alpha, in closed form.
+
+    d/d(log a) [exp(log a) * c] = c * exp(log a): one multiply instead of an autograd pass.
+    """
+    gap = entropy - target
+    alpha = torch.exp(log_temp)
+    return alpha * gap, gap * alpha

@@ -1,0 +1,87 @@
+"""Adam over one flat parameter buffer, with the finite guard and renormalization fused in.
+
+One ``GatedStep`` is the whole post-backward work for a network: the finite check, Adam,
+the unit renormalization, and the commit of the new BatchNorm statistics. It is written
+as plain tensor math on whole buffers (no per-tensor loops, no ``.item()``), so eager runs
+it in ~20 kernels and Inductor fuses it into a few; a skipped step writes back the old
+values, decided on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class FlatAdam:
+    """Adam state for one flat parameter tensor (betas 0.9/0.999, eps 1e-8, no decay).
+
+    ``step`` counts *applied* updates (a skipped step does not advance bias correction,
+    like fused Adam's ``found_inf``); ``schedule_step`` counts attempts and drives the LR
+    schedule, which UniLab advances on every update whether it was applied or not.
+    Scalars are float64 device tensors so bias corrections match Python-float Adam.
+    """
+
+    def __init__(self, numel: int, device: torch.device, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        self.exp_avg = torch.zeros(numel, device=device)
+        self.exp_avg_sq = torch.zeros(numel, device=device)
+        self.step = torch.zeros((), device=device, dtype=torch.float64)
+        self.schedule_step = torch.zeros((), device=device, dtype=torch.float64)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "exp_avg": self.exp_avg,
+            "exp_avg_sq": self.exp_avg_sq,
+            "step": self.step,
+            "schedule_step": self.schedule_step,
+        }
+
+    def proposal(
+        self, param: torch.Tensor, grad: torch.Tensor, lr: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (new param, new exp_avg, new exp_avg_sq) for one Adam step; writes nothing."""
+        step = self.step + 1
+        exp_avg = torch.lerp(self.exp_avg, grad, 1 - self.beta1)
+        exp_avg_sq = torch.addcmul(self.exp_avg_sq * self.beta2, grad, grad, value=1 - self.beta2)
+        step_size = (lr / (1 - self.beta1**step)).float()
+        correction2_sqrt = torch.sqrt(1 - self.beta2**step).float()
+        denom = exp_avg_sq.sqrt() / correction2_sqrt + self.eps
+        return param - (step_size * exp_avg) / denom, exp_avg, exp_avg_sq
+
+
+class GatedStep:
+    """Finite-guarded Adam + renormalization + BN-statistics commit for one network."""
+
+    def __init__(
+        self,
+        param: torch.Tensor,
+        bn_stats: torch.Tensor | None,
+        adam: FlatAdam,
+        renormalize: Callable[[torch.Tensor], torch.Tensor] | None,
+        lr_fn: Callable[[torch.Tensor], torch.Tensor],
+    ):
+        self.param, self.bn_stats, self.adam = param, bn_stats, adam
+        self.renormalize, self.lr_fn = renormalize, lr_fn
+
+    @torch.no_grad()
+    def __call__(
+        self, grad: torch.Tensor, loss: torch.Tensor, new_stats: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Apply one step if loss and gradient are finite; return the 0-dim ``ok`` flag (bool)."""
+        ok = torch.isfinite(loss).all() & torch.isfinite(grad).all()
+        adam = self.adam
+        lr = self.lr_fn(adam.schedule_step)
+        new_param, exp_avg, exp_avg_sq = adam.proposal(self.param, grad, lr)
+        if self.renormalize is not None:
+            new_param = self.renormalize(new_param)
+        self.param.copy_(torch.where(ok, new_param, self.param))
+        adam.exp_avg.copy_(torch.where(ok, exp_avg, adam.exp_avg))
+        adam.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, adam.exp_avg_sq))
+        adam.step.add_(ok.to(adam.step.dtype))
+        adam.schedule_step.add_(1)
+        if new_stats is not None and self.bn_stats is not None:
+            self.bn_stats.copy_(torch.where(ok, new_stats, self.bn_stats))
+        return ok
