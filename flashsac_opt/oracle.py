@@ -192,7 +192,7 @@ def compare_with_unilab(
         if on_iteration is not None:
             on_iteration(it)
     result.state_diffs = tensor_differences(
-        _tensors_only(to_unilab_state_dict(ours, capturable=False, fused=None)), _tensors_only(theirs.get_state_dict())
+        _tensors_only(to_unilab_state_dict(ours)), _tensors_only(theirs.get_state_dict())
     )
     return result
 

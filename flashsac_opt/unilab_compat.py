@@ -136,7 +136,8 @@ def _adam_from_unilab(sd: dict, layout, names, device) -> dict[str, torch.Tensor
 
 def _scheduler_state(schedule, peak: float, last_epoch: int) -> dict[str, Any]:
     optimizer = torch.optim.Adam([torch.zeros(1)], lr=peak)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    # A plain function (like UniLab's closure) so the state dict records lr_lambdas=[None].
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step))
     sd = scheduler.state_dict()
     sd["last_epoch"] = last_epoch
     sd["_step_count"] = last_epoch + 1
@@ -170,7 +171,7 @@ def to_unilab_state_dict(learner: FlashSACLearner, *, capturable: bool | None = 
     """
     cuda = learner.device.type == "cuda"
     capturable = cuda if capturable is None else capturable
-    fused = (True if cuda else None) if fused is None else fused
+    fused = cuda if fused is None else fused
     ours = learner.state_dict()
     cfg = learner.cfg
     a_names, c_names = _actor_names(cfg.actor_num_blocks), _critic_names(cfg.critic_num_blocks)
