@@ -1,0 +1,152 @@
+"""flashsac_opt vs UniLab 1.5.2's FlashSAC learner, update by update.
+
+Builds UniLab's learner (compile and graphs off), copies its weights into flashsac_opt,
+drives both with the same synthetic G1-shaped batches, reward statistics and RNG state,
+and writes JSON with the relative difference of every per-update loss and of every final
+tensor (weights, BN statistics, target critic, temperature, Adam moments, reward
+normalizer), with pass/fail against the stated tolerances.
+
+    python experiments/validate_numerics.py --device cpu --iterations 20 --output results/numerics_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# fp32 differences must be at rounding level; bf16 autocast rounds activations to 8 bits of
+# mantissa, and the two learners may round a few intermediate values differently.
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
+
+
+def environment(device: str) -> dict:
+    import importlib.metadata as md
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": device,
+        "unilab": md.version("unilab"),
+        "cpu": platform.processor() or platform.machine(),
+    }
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--updates-per-step", type=int, nargs="+", default=[8, 2])
+    parser.add_argument("--policy-frequency", type=int, default=2)
+    parser.add_argument("--normalize-reward", choices=["on", "off", "both"], default="both")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None, help="JSON path (default: print only)")
+    args = parser.parse_args(argv)
+
+    if args.iterations < 1:
+        parser.error("--iterations must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.dtype == "bf16" and args.device != "cuda":
+        parser.error("--dtype bf16 needs --device cuda (UniLab disables autocast on CPU)")
+    try:
+        import unilab.rl.algos.flash_sac.learner  # noqa: F401
+    except ImportError:
+        parser.error("UniLab 1.5.2 is not installed: pip install 'flashsac-opt[unilab]'")
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.oracle import G1_DIMS, compare_with_unilab
+
+    if args.device == "cuda":
+        # Exact fp32 on the GPU: no TF32 in either learner.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    tolerance = TOLERANCE[args.dtype]
+    norms = {"on": [True], "off": [False], "both": [True, False]}[args.normalize_reward]
+    cases = []
+    console = Console()
+    with Progress(console=console) as progress:
+        for u in args.updates_per_step:
+            for norm in norms:
+                cfg = FlashSACConfig(
+                    batch_size=args.batch_size,
+                    updates_per_step=u,
+                    policy_frequency=args.policy_frequency,
+                    gamma=0.97,
+                    tau=0.05,
+                    normalize_reward=norm,
+                    use_amp=args.dtype == "bf16",
+                    amp_dtype="bf16",
+                )
+                task = progress.add_task(f"updates_per_step={u} normalize_reward={norm}", total=args.iterations)
+                start = time.perf_counter()
+                result = compare_with_unilab(
+                    cfg, args.iterations, G1_DIMS, args.device, args.seed, on_iteration=lambda _: progress.advance(task)
+                )
+                worst_loss, worst_state = result.worst_loss(), result.worst_state()
+                cases.append(
+                    {
+                        "updates_per_step": u,
+                        "policy_frequency": args.policy_frequency,
+                        "batch_size": args.batch_size,
+                        "normalize_reward": norm,
+                        "iterations": args.iterations,
+                        "seconds": round(time.perf_counter() - start, 2),
+                        "per_update_loss_rel": result.loss_rel,
+                        "per_tensor": {k: {"max_abs": a, "max_rel": r} for k, (a, r) in sorted(result.state_diffs.items())},
+                        "worst_loss": {"where": worst_loss[0], "rel": worst_loss[1]},
+                        "worst_tensor": {"name": worst_state[0], "rel": worst_state[1]},
+                        "passed": worst_loss[1] <= tolerance and worst_state[1] <= tolerance,
+                    }
+                )
+    report = {
+        "experiment": "validate_numerics",
+        "reference": "unilab==1.5.2 FlashSACLearner, use_compile=False (per-update path)",
+        "dims": G1_DIMS,
+        "dtype": args.dtype,
+        "tolerance_rel": tolerance,
+        "relative_difference": "max|ours - unilab| / max|unilab| per tensor; |ours - unilab| / |unilab| per loss",
+        "environment": environment(args.device),
+        "command": " ".join(["python", *sys.argv]),
+        "cases": cases,
+        "passed": all(c["passed"] for c in cases),
+    }
+    table = Table(title=f"flashsac_opt vs UniLab 1.5.2 ({args.device}, {args.dtype}, tolerance {tolerance:g})")
+    for col in ("updates", "reward norm", "tensors", "worst loss rel", "worst tensor rel", "pass"):
+        table.add_column(col)
+    for c in cases:
+        table.add_row(
+            str(c["updates_per_step"]),
+            str(c["normalize_reward"]),
+            str(len(c["per_tensor"])),
+            f"{c['worst_loss']['rel']:.2e}",
+            f"{c['worst_tensor']['rel']:.2e} ({c['worst_tensor']['name']})",
+            "yes" if c["passed"] else "NO",
+        )
+    console.print(table)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=1))
+        console.print(f"wrote {args.output}")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
