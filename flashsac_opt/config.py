@@ -60,6 +60,8 @@ class FlashSACConfig:
     use_amp: bool = True
     # flashsac_opt's own knob (added to UniLab's config by the patch)
     learner_mode: str = "eager"
+    # torch.compile backend for the compiled modes ("inductor"; "aot_eager" for debugging)
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:

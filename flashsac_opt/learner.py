@@ -27,6 +27,8 @@ from flashsac_opt.objectives import (
     target_entropy,
     temperature_loss_and_grad,
 )
+from flashsac_opt.compile import build_update_functions, mark_static
+from flashsac_opt.graph import WholeCycleGraph
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
 
@@ -114,6 +116,8 @@ class FlashSACLearner:
         self.totals = torch.zeros(len(TOTAL_COLUMNS), device=self.device)
         self.iterations = 0
         self._last_schedule: tuple[int, int, int, bool] | None = None
+        self._fn = build_update_functions(self)
+        self._graph = WholeCycleGraph(self) if cfg.learner_mode == "graph" else None
 
     # ----------------------------------------------------------------- boundary
     def validate_batch(self, batch: dict[str, torch.Tensor], updates_per_step: int) -> int:
@@ -163,14 +167,19 @@ class FlashSACLearner:
             self.reward_normalizer.update(rewards, dones)
 
     # ---------------------------------------------------------------- updates
+    # Each update is two pure pieces per network: a *loss* function (forward + loss, its
+    # backward runs through autograd) and an *apply* function (finite guard, Adam,
+    # renormalization, BN-statistics commit, Polyak, metric values). These four are the
+    # compile boundaries; the Python loop between them only slices the batch and draws
+    # the actor's noise.
     def _noise(self, rows: int) -> torch.Tensor:
         # Same draw, shape and dtype as torch.distributions.Normal.rsample in the actor
         # head, so a run with the same RNG state sees the same exploration noise.
         dtype = self.amp_dtype or torch.float32
         return torch.empty(rows, self.action_dim, device=self.device, dtype=dtype).normal_()
 
-    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, reward_std: torch.Tensor) -> torch.Tensor:
-        out = critic_objective(
+    def _critic_loss(self, b: dict[str, torch.Tensor], noise: torch.Tensor):
+        return critic_objective(
             self.actor,
             self.critic,
             self.target_critic,
@@ -185,20 +194,28 @@ class FlashSACLearner:
             b["rewards"],
             b["dones"],
             b["truncated"],
-            self._noise(b["actions"].shape[0]),
+            noise,
             self.discount,
             self.amp_dtype,
         )
-        (grad,) = torch.autograd.grad(out.loss, self.critic.params)
-        ok = self.critic_step(grad, out.loss, out.critic_stats)
-        with torch.no_grad():
-            tgt = self.target_critic.bn_stats
-            tgt.copy_(torch.where(ok, out.target_stats, tgt))
-            row[: COL["critic_applied"] + 1].copy_(torch.stack([out.loss.detach().float(), reward_std, ok.float()]))
-        return ok
 
-    def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
-        out = actor_objective(
+    def _critic_apply(self, grad, loss, critic_stats, target_stats, polyak: bool) -> torch.Tensor:
+        """Guarded critic step, target BN stats, Polyak; returns [loss, reward std, applied]."""
+        with torch.no_grad():
+            ok = self.critic_step(grad, loss, critic_stats)
+            tgt = self.target_critic.bn_stats
+            tgt.copy_(torch.where(ok, target_stats, tgt))
+            if polyak:
+                # A skipped critic step also skips the target update that would follow it.
+                self.target_critic.params.lerp_(self.critic.params, self.tau * ok)
+            if self.reward_normalizer is not None:
+                reward_std = torch.sqrt(self.reward_normalizer.var)[0]
+            else:
+                reward_std = torch.ones((), device=self.device)
+            return torch.stack([loss.detach().float(), reward_std, ok.float()])
+
+    def _actor_loss(self, b: dict[str, torch.Tensor], noise: torch.Tensor):
+        return actor_objective(
             self.actor,
             self.critic,
             self.actor.params,
@@ -208,22 +225,64 @@ class FlashSACLearner:
             b["next_obs"],
             b["critic"],
             b["actions"],
-            self._noise(2 * b["obs"].shape[0]),
+            noise,
             self.cfg.actor_bc_alpha,
             self.amp_dtype,
         )
-        (grad,) = torch.autograd.grad(out.loss, self.actor.params)
-        actor_ok = self.actor_step(grad, out.loss, out.actor_stats)
-        with torch.no_grad():
-            temp_loss, temp_grad = temperature_loss_and_grad(self.temperature.log_temp, out.entropy.float(), self.target_entropy)
-            temp_ok = self.temperature_step(temp_grad, temp_loss)
-            values = [out.loss.detach().float(), out.entropy.float(), torch.exp(self.temperature.log_temp)[0], temp_loss[0]]
-            row[COL["actor_loss"] :].copy_(torch.stack(values + [actor_ok.float(), temp_ok.float()]))
 
-    def _polyak(self, critic_ok: torch.Tensor) -> None:
-        # A skipped critic step also skips the target update that would follow it.
+    def _actor_apply(self, grad, loss, entropy, actor_stats) -> torch.Tensor:
+        """Guarded actor step, then the temperature step; returns the actor metric values."""
         with torch.no_grad():
-            self.target_critic.params.lerp_(self.critic.params, self.tau * critic_ok)
+            actor_ok = self.actor_step(grad, loss, actor_stats)
+            log_temp = self.temperature.log_temp
+            temp_loss, temp_grad = temperature_loss_and_grad(log_temp, entropy.float(), self.target_entropy)
+            temp_ok = self.temperature_step(temp_grad, temp_loss)
+            values = [loss.detach().float(), entropy.float(), torch.exp(log_temp)[0], temp_loss[0]]
+            return torch.stack(values + [actor_ok.float(), temp_ok.float()])
+
+    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
+        out = self._fn["critic_loss"](b, self._noise(b["actions"].shape[0]))
+        (grad,) = torch.autograd.grad(out.loss, self.critic.params)
+        row[: COL["critic_applied"] + 1].copy_(
+            self._fn["critic_apply"](grad, out.loss, out.critic_stats, out.target_stats, polyak)
+        )
+
+    def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
+        out = self._fn["actor_loss"](b, self._noise(2 * b["obs"].shape[0]))
+        (grad,) = torch.autograd.grad(out.loss, self.actor.params)
+        row[COL["actor_loss"] :].copy_(self._fn["actor_apply"](grad, out.loss, out.entropy, out.actor_stats))
+
+    def _run_updates(self, batch: dict[str, torch.Tensor], u_count: int, pf: int, bsz: int) -> None:
+        """The whole iteration's device work (what graph mode captures)."""
+        cfg = self.cfg
+        metrics = self.metrics
+        assert metrics is not None
+        metrics[:u_count].zero_()
+        with torch.no_grad():
+            rewards = batch["rewards"].reshape(-1)
+            if self.reward_normalizer is not None:
+                rewards = rewards / self.reward_normalizer.scale()
+        batch = dict(batch, rewards=rewards, dones=batch["dones"].reshape(-1), truncated=batch["truncated"].reshape(-1))
+        for u in range(u_count):
+            if self.cfg.learner_mode == "compile":
+                # Nothing returned by the previous update's CUDA-graph replays is held
+                # (metric values were copied into the metrics buffer), so each update may
+                # start a new cudagraph-tree step.
+                torch.compiler.cudagraph_mark_step_begin()
+            b = {k: v[u * bsz : (u + 1) * bsz] for k, v in batch.items()}
+            do_actor = u % pf == 0
+            if do_actor and cfg.policy_before_critic:
+                self._actor_update(b, metrics[u])
+            self._critic_update(b, metrics[u], polyak=u % cfg.target_frequency == 0)
+            if do_actor and not cfg.policy_before_critic:
+                self._actor_update(b, metrics[u])
+        with torch.no_grad():
+            skipped_critic = (1.0 - metrics[:u_count, COL["critic_applied"]]).sum()
+            actor_rows = metrics[:u_count:pf]
+            skipped_actor = (1.0 - actor_rows[:, COL["actor_applied"]]).sum()
+            skipped_temp = (1.0 - actor_rows[:, COL["temperature_applied"]]).sum()
+            self.totals.add_(torch.stack([skipped_critic, skipped_actor, skipped_temp]))
+            metrics[u_count, : len(TOTAL_COLUMNS)].copy_(self.totals)
 
     def update(
         self,
@@ -239,32 +298,11 @@ class FlashSACLearner:
         self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
         if self.metrics is None or self.metrics.shape[0] != u_count + 1:
             self.metrics = torch.zeros(u_count + 1, len(METRIC_COLUMNS), device=self.device)
-        metrics = self.metrics
-        metrics[:u_count].zero_()
-        batch = {k: (v.reshape(-1) if k in ("rewards", "dones", "truncated") else v) for k, v in batch.items()}
-        with torch.no_grad():
-            if self.reward_normalizer is not None:
-                batch["rewards"] = batch["rewards"] / self.reward_normalizer.scale()
-                reward_std = torch.sqrt(self.reward_normalizer.var)[0]
-            else:
-                reward_std = torch.ones((), device=self.device)
-        for u in range(u_count):
-            b = {k: v[u * bsz : (u + 1) * bsz] for k, v in batch.items()}
-            do_actor = u % pf == 0
-            if do_actor and cfg.policy_before_critic:
-                self._actor_update(b, metrics[u])
-            critic_ok = self._critic_update(b, metrics[u], reward_std)
-            if do_actor and not cfg.policy_before_critic:
-                self._actor_update(b, metrics[u])
-            if u % cfg.target_frequency == 0:
-                self._polyak(critic_ok)
-        with torch.no_grad():
-            skipped = 1.0 - metrics[:u_count, [COL["critic_applied"], COL["actor_applied"], COL["temperature_applied"]]]
-            actor_rows = torch.zeros(u_count, 1, device=self.device)
-            actor_rows[::pf] = 1.0
-            skipped[:, 1:] *= actor_rows
-            self.totals.add_(skipped.sum(dim=0))
-            metrics[u_count, : len(TOTAL_COLUMNS)].copy_(self.totals)
+            mark_static(self.metrics)
+        if self.cfg.learner_mode == "graph":
+            self._graph.run(batch, u_count, pf, bsz)
+        else:
+            self._run_updates(batch, u_count, pf, bsz)
         self.iterations += 1
 
     def read_metrics(self) -> dict[str, float]:

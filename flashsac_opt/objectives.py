@@ -45,7 +45,7 @@ class CosineSchedule:
         return self.end_ratio + (1.0 - self.end_ratio) * (0.5 * (1.0 + math.cos(math.pi * progress)))
 
     def on_device(self, step: torch.Tensor) -> torch.Tensor:
-        """LR (float64 0-dim) for a float64 step counter."""
+        """LR (float64) for a float64 step counter of shape (1,)."""
         progress = ((step - self.warmup) / float(self.decay - self.warmup)).clamp(0.0, 1.0)
         cosine = self.end_ratio + (1.0 - self.end_ratio) * (0.5 * (1.0 + torch.cos(math.pi * progress)))
         if self.warmup > 0:

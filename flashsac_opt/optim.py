@@ -28,8 +28,10 @@ class FlatAdam:
         self.eps = eps
         self.exp_avg = torch.zeros(numel, device=device)
         self.exp_avg_sq = torch.zeros(numel, device=device)
-        self.step = torch.zeros((), device=device, dtype=torch.float64)
-        self.schedule_step = torch.zeros((), device=device, dtype=torch.float64)
+        # Shape (1,), not 0-dim: torch.compile treats a 0-dim float64 tensor like a Python
+        # float and silently drops in-place updates to it (seen with torch 2.13).
+        self.step = torch.zeros(1, device=device, dtype=torch.float64)
+        self.schedule_step = torch.zeros(1, device=device, dtype=torch.float64)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {

@@ -119,7 +119,7 @@ def _adam_from_unilab(sd: dict, layout, names, device) -> dict[str, torch.Tensor
         raise ValueError(f"UniLab optimizer state has {sum(len(g['params']) for g in groups)} params, expected {len(names)}")
     exp_avg = torch.zeros(layout.numel, device=device)
     exp_avg_sq = torch.zeros(layout.numel, device=device)
-    step = torch.zeros((), device=device, dtype=torch.float64)
+    step = torch.zeros(1, device=device, dtype=torch.float64)
     per_param = sd["state"]
     if per_param:
         steps = set()
@@ -235,7 +235,7 @@ def from_unilab_state_dict(learner: FlashSACLearner, unilab_sd: dict[str, Any]) 
         ("temperature", _TemperatureLayout(), [("log_temp", "log_temp")]),
     ):
         adam = _adam_from_unilab(unilab_sd[f"{key}_optimizer"], layout, names, device)
-        adam["schedule_step"] = torch.tensor(float(unilab_sd[f"{key}_scheduler"]["last_epoch"]), device=device, dtype=torch.float64)
+        adam["schedule_step"] = torch.tensor([float(unilab_sd[f"{key}_scheduler"]["last_epoch"])], device=device, dtype=torch.float64)
         state["optim"][key] = adam
     rn = unilab_sd.get("reward_normalizer")
     if rn is not None and learner.reward_normalizer is not None:

@@ -1,0 +1,70 @@
+"""Compile boundaries of the learner.
+
+Four functions are compiled, each with ``fullgraph=True`` (a graph break is an error, not
+a silent slowdown) and ``dynamic=False`` (batch shapes are fixed per run):
+
+- ``critic_loss``: actor(s') in eval BN, target and online critic on the joint 2B batch,
+  min-Q member, C51 projection, cross-entropy. Its backward is compiled by AOTAutograd.
+- ``critic_apply``: finite guard, Adam, renormalization, BN-statistics commit, Polyak.
+- ``actor_loss``: actor on the joint batch, frozen critic (detached parameters) in eval BN.
+- ``actor_apply``: finite guard, Adam, renormalization, BN commit, closed-form temperature step.
+
+``learner_mode=compile`` turns Inductor's CUDA graphs (cudagraph trees) on for them;
+``learner_mode=graph`` turns them off because the whole iteration is captured into one
+manual ``torch.cuda.CUDAGraph`` (graph.py) and capture cannot nest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from flashsac_opt.learner import FlashSACLearner
+
+FUNCTION_NAMES = ("critic_loss", "critic_apply", "actor_loss", "actor_apply")
+
+
+def mark_static(*tensors: torch.Tensor) -> None:
+    """Declare persistent state as fixed-address graph inputs.
+
+    Cudagraph trees then neither copy these tensors into graph-owned placeholders nor
+    refuse to graph a function that updates them in place.
+    """
+    for tensor in tensors:
+        torch._dynamo.mark_static_address(tensor)
+
+
+def persistent_state(learner: "FlashSACLearner") -> list[torch.Tensor]:
+    """Every tensor an iteration reads or writes in place (all with fixed addresses)."""
+    tensors = [
+        learner.actor.bn_stats,
+        learner.critic.bn_stats,
+        learner.target_critic.params,
+        learner.target_critic.bn_stats,
+        learner.totals,
+        learner.tau,
+    ]
+    for adam in (learner.actor_adam, learner.critic_adam, learner.temperature_adam):
+        tensors += list(adam.tensors().values())
+    if learner.reward_normalizer is not None:
+        rn = learner.reward_normalizer
+        tensors += [rn.mean, rn.var, rn.count, rn.abs_max]
+    return tensors
+
+
+def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[..., Any]]:
+    functions = {name: getattr(learner, f"_{name}") for name in FUNCTION_NAMES}
+    mode = learner.cfg.learner_mode
+    if mode == "eager":
+        return functions
+    backend = learner.cfg.compile_backend
+    mark_static(*persistent_state(learner))
+    options = None
+    if backend == "inductor":
+        options = {"triton.cudagraphs": mode == "compile" and learner.device.type == "cuda"}
+    return {
+        name: torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
+        for name, fn in functions.items()
+    }
