@@ -157,11 +157,14 @@ def actor_objective(
     noise: torch.Tensor,
     bc_alpha: float,
     amp_dtype: torch.dtype | None,
+    freeze_critic: bool = True,
 ) -> ActorOutputs:
     """alpha * log pi - min_i Q_i on the joint [s, s'] batch (BN statistics over 2B rows).
 
     The critic runs on *detached* parameters in eval-mode BN: autograd gets dQ/da but
-    records no weight-gradient work for the critic at all.
+    records no weight-gradient work for the critic at all. (``freeze_critic=False`` exists
+    only to measure the difference: under torch.compile the compiled backward would compute
+    critic dW even if the caller asks only for actor gradients.)
     """
     batch = obs.shape[0]
     amp = _autocast(obs, amp_dtype)
@@ -170,7 +173,7 @@ def actor_objective(
             torch.cat([obs, obs_next], dim=0), noise, training=True, params=actor_params
         )
         actions, log_prob = actions_all[:batch], log_prob_all[:batch]
-        q, _, _ = critic(critic_obs, actions, training=False, params=critic_params.detach())
+        q, _, _ = critic(critic_obs, actions, training=False, params=critic_params.detach() if freeze_critic else critic_params)
         min_q = torch.min(q[0], q[1])
         loss = (torch.exp(log_temp).detach() * log_prob - min_q).mean()
         if bc_alpha > 0:

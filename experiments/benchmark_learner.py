@@ -1,0 +1,359 @@
+"""Learner-only benchmark: UniLab 1.5.2's FlashSAC learner vs flashsac_opt, same process, same GPU.
+
+Variants (each driven as UniLab's runner drives it, one learner iteration at a time):
+  unilab_eager    (a) use_compile=false: per-update path, deferred metrics
+  unilab_compile  (b) compile_full_objectives, no whole-cycle graph (Inductor CUDA graphs)
+  unilab_graph    (c) UniLab's default: compile + whole-cycle CUDA graph
+  ours_eager / ours_compile / ours_graph: flashsac_opt's learner_mode eager|compile|graph
+
+Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
+  W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
+  (W1-W3: obs 98 / critic obs 101 / act 29; W4: obs 160 / critic obs 289 / act 29), pf 2.
+
+Timed per iteration (host clock): update phase + metrics read (D2H) + stream synchronize,
+the batch already sampled and synchronized. Cold start: construction to the end of the first
+iteration (compile and capture included). Kernels per iteration: torch.profiler CUDA kernel
+events over a few iterations; launches: host-side kernel/graph launch API calls.
+
+    python experiments/benchmark_learner.py --output results/benchmark_learner.json --plot results/benchmark_learner.png
+    python experiments/benchmark_learner.py --plot-only results/benchmark_learner.json --plot results/benchmark_learner.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+WORKLOADS = {
+    "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
+    "W2": dict(batch_size=256, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
+    "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
+    "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
+}
+VARIANTS = ("unilab_eager", "unilab_compile", "unilab_graph", "ours_eager", "ours_compile", "ours_graph")
+POOL_ROWS = 65536
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+class Pool:
+    """GPU-resident replay-like pool; each iteration gathers a fresh large batch on the GPU."""
+
+    def __init__(self, rows: int, obs_dim: int, critic_obs_dim: int, action_dim: int, device, seed: int = 0):
+        import torch
+
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.g = g
+        self.rows = rows
+        randn = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
+        rand = lambda *s: torch.rand(*s, device=device, generator=g)  # noqa: E731
+        dones = (rand(rows) < 0.02).float()
+        self.fields = {
+            "obs": randn(rows, obs_dim),
+            "next_obs": randn(rows, obs_dim),
+            "actions": torch.tanh(randn(rows, action_dim)),
+            "rewards": 0.5 * randn(rows) + 0.1,
+            "dones": dones,
+            "truncated": (rand(rows) < 0.01).float() * (1 - dones),
+            "critic": randn(rows, critic_obs_dim),
+            "next_critic": randn(rows, critic_obs_dim),
+        }
+
+    def sample(self, n: int) -> dict:
+        import torch
+
+        idx = torch.randint(0, self.rows, (n,), device=self.fields["obs"].device, generator=self.g)
+        return {k: v.index_select(0, idx) for k, v in self.fields.items()}
+
+
+def build(variant: str, w: dict, device: str):
+    """Return (learner, run_iteration) for a variant."""
+    import torch
+
+    from flashsac_opt.config import FlashSACConfig
+
+    cfg = FlashSACConfig(
+        batch_size=w["batch_size"],
+        updates_per_step=w["updates_per_step"],
+        policy_frequency=w["policy_frequency"],
+        gamma=0.97,
+        tau=0.05,
+        use_amp=True,
+        amp_dtype="bf16",
+    )
+    dims = {k: w[k] for k in ("obs_dim", "critic_obs_dim", "action_dim")}
+    u, pf = w["updates_per_step"], w["policy_frequency"]
+    if variant.startswith("ours_"):
+        from flashsac_opt.learner import FlashSACLearner
+
+        learner = FlashSACLearner(cfg.replace(learner_mode=variant[5:]), device=device, **dims)
+
+        def run(batch):
+            learner.update(batch)
+            metrics = learner.read_metrics()
+            torch.cuda.current_stream().synchronize()
+            return metrics
+
+        return learner, run
+
+    from unilab.rl.algos.flash_sac.learner import FlashSACLearner as UniLabLearner
+
+    flags = {
+        "unilab_eager": dict(use_compile=False, compile_full_objectives=False, use_whole_cycle_cuda_graph=False),
+        "unilab_compile": dict(use_compile=True, compile_full_objectives=True, use_whole_cycle_cuda_graph=False),
+        "unilab_graph": dict(use_compile=True, compile_full_objectives=True, use_whole_cycle_cuda_graph=True),
+    }[variant]
+    kwargs = dict(
+        obs_dim=dims["obs_dim"], action_dim=dims["action_dim"], critic_obs_dim=dims["critic_obs_dim"], device=device,
+        gamma=cfg.gamma, tau=cfg.tau, use_amp=True, amp_dtype="bf16", **flags,
+    )
+    learner = UniLabLearner(**kwargs)
+
+    if learner.use_update_cycle:
+
+        def run(batch):
+            learner.update_cycle(batch, updates_per_step=u, policy_frequency=pf, target_frequency=1, policy_before_critic=False)
+            metrics = learner.read_deferred_cycle_metrics()
+            torch.cuda.current_stream().synchronize()
+            return metrics
+
+        return learner, run
+
+    def run(batch):  # the runner's per-update path (double_buffer_runner.py, 1.5.2)
+        bsz = batch["actions"].shape[0] // u
+        metrics = {}
+        for i in range(u):
+            b = {k: v[i * bsz : (i + 1) * bsz] for k, v in batch.items()}
+            metrics.update(learner.update_critic(b, read_metrics=i == u - 1))
+            if i % pf == 0:
+                learner.update_actor(b, read_metrics=False)
+            learner.soft_update_target()
+        metrics.update(learner.read_deferred_actor_metrics())
+        torch.cuda.current_stream().synchronize()
+        return metrics
+
+    return learner, run
+
+
+def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    batches = [pool.sample(rows) for _ in range(iterations)]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for b in batches:
+            run(b)
+    kernels, launches, by_name = 0, 0, {}
+    launch_apis = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            if "memcpy" in evt.name.lower() or "memset" in evt.name.lower():
+                continue
+            kernels += 1
+            t = by_name.setdefault(evt.name, [0, 0.0])
+            t[0] += 1
+            t[1] += evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
+        elif any(evt.name.startswith(api) for api in launch_apis):
+            launches += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    return {
+        "kernels_per_iteration": kernels / iterations,
+        "launches_per_iteration": launches / iterations,
+        "top_kernels": [{"name": n[:120], "count_per_iteration": c / iterations, "us_per_iteration": t / iterations} for n, (c, t) in top],
+    }
+
+
+def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, profile_kernels: bool) -> dict:
+    import torch
+
+    w = WORKLOADS[wname]
+    rows = w["batch_size"] * w["updates_per_step"]
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    pool = Pool(max(POOL_ROWS, 2 * rows), w["obs_dim"], w["critic_obs_dim"], w["action_dim"], device)
+    first = pool.sample(rows)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    learner, run = build(variant, w, device)
+    built = time.perf_counter()
+    run(first)
+    cold = time.perf_counter() - start
+    warm_times = []
+    for _ in range(warmup):
+        b = pool.sample(rows)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        metrics = run(b)
+        warm_times.append(time.perf_counter() - t0)
+    times = []
+    for _ in range(iters):
+        b = pool.sample(rows)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        metrics = run(b)
+        times.append((time.perf_counter() - t0) * 1e3)
+    cell = {
+        "variant": variant,
+        "workload": wname,
+        **w,
+        "construct_s": built - start,
+        "cold_start_s": cold,
+        "warmup_iterations": warmup,
+        "warmup_ms": [t * 1e3 for t in warm_times],
+        "iterations": iters,
+        "ms_median": statistics.median(times),
+        "ms_p90": percentile(times, 0.9),
+        "ms_mean": statistics.fmean(times),
+        "updates_per_s": w["updates_per_step"] / (statistics.median(times) / 1e3),
+        "peak_memory_mib": torch.cuda.max_memory_allocated() / 2**20,
+        "last_metrics": {k: float(v) for k, v in metrics.items()},
+        "finite": all(v == v and abs(v) != float("inf") for v in metrics.values()),
+    }
+    graph = getattr(learner, "_graph", None)
+    if graph is not None:
+        cell["graph_warmup_s"] = graph.last_warmup_seconds
+        cell["graph_capture_s"] = graph.last_capture_seconds
+    if profile_kernels:
+        cell.update(count_kernels(run, pool, rows))
+    del learner, run, pool
+    return cell
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "unilab": version("unilab"),
+        "python": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
+        "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS"),
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+    }
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [c for c in report["cells"] if "ms_median" in c]
+    workloads = [w for w in WORKLOADS if any(c["workload"] == w for c in cells)]
+    variants = [v for v in VARIANTS if any(c["variant"] == v for c in cells)]
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    width = 0.8 / max(len(variants), 1)
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c"}
+    for i, v in enumerate(variants):
+        xs, ys, errs = [], [], []
+        for j, w in enumerate(workloads):
+            cell = next((c for c in cells if c["variant"] == v and c["workload"] == w), None)
+            if cell:
+                xs.append(j + (i - (len(variants) - 1) / 2) * width)
+                ys.append(cell["ms_median"])
+                errs.append(cell["ms_p90"] - cell["ms_median"])
+        bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=v, color=colors.get(v), capsize=2)
+        ax.bar_label(bars, labels=[f"{y:.2f}" if y < 10 else f"{y:.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(workloads)))
+    ax.set_xticklabels([f"{w}\nB{WORKLOADS[w]['batch_size']} x {WORKLOADS[w]['updates_per_step']} upd" for w in workloads])
+    ax.set_ylabel("ms per learner iteration (median; whisker = p90), log scale")
+    env = report["environment"]
+    ax.set_title(f"FlashSAC learner iteration: UniLab 1.5.2 vs flashsac_opt ({env.get('gpu')}, torch {env.get('torch')}, bf16)")
+    ax.legend(ncol=3, fontsize=8)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel count")
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--merge", type=Path, help="append cells to this existing JSON (same run series)")
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
+    args = parser.parse_args(argv)
+
+    if args.plot_only:
+        if not args.plot:
+            parser.error("--plot-only needs --plot PATH")
+        plot(json.loads(args.plot_only.read_text()), args.plot)
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("this benchmark needs a CUDA device")
+    if any(v.startswith("unilab") for v in args.variants):
+        try:
+            import unilab.rl.algos.flash_sac.learner  # noqa: F401
+        except ImportError:
+            parser.error("UniLab 1.5.2 is not installed (needed for the unilab_* variants)")
+    report = {
+        "experiment": "benchmark_learner",
+        "timed": "host clock around: update phase + metrics read (D2H) + current-stream synchronize; batch pre-sampled",
+        "environment": environment(),
+        "command": " ".join(["python", *sys.argv]),
+        "cells": [],
+    }
+    if args.merge and args.merge.exists():
+        report["cells"] = json.loads(args.merge.read_text())["cells"]
+    for wname in args.workloads:
+        for variant in args.variants:
+            print(f"== {wname} {variant}", flush=True)
+            try:
+                cell = run_cell(variant, wname, args.iters, args.warmup, "cuda", not args.no_profile)
+            except Exception as exc:  # keep measuring the other cells
+                cell = {"variant": variant, "workload": wname, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
+            report["cells"].append(cell)
+            summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items() if k in ("ms_median", "ms_p90", "cold_start_s", "kernels_per_iteration", "launches_per_iteration", "peak_memory_mib", "error")}
+            print(f"   {summary}", flush=True)
+            if args.output:
+                args.output.parent.mkdir(parents=True, exist_ok=True)
+                args.output.write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    print(f"{'workload':8} {'variant':15} {'median ms':>10} {'p90 ms':>8} {'cold s':>7} {'kernels':>8}")
+    for c in report["cells"]:
+        if "ms_median" in c:
+            print(f"{c['workload']:8} {c['variant']:15} {c['ms_median']:10.3f} {c['ms_p90']:8.3f} {c['cold_start_s']:7.1f} {c.get('kernels_per_iteration', float('nan')):8.0f}")
+        else:
+            print(f"{c['workload']:8} {c['variant']:15} ERROR {c['error'][:80]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

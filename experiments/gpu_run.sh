@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: install the carried wheels, then run the named steps, writing under $OUT.
+# usage: bash experiments/gpu_run.sh STEP [STEP...]   (steps: env tests bench:<args>)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD"
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+for step in "$@"; do
+  case "$step" in
+    env)
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt" ;;
+    tests:*)
+      timeout "${step#tests:}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    bench:*)
+      IFS=';' read -r limit args <<< "${step#bench:}"
+      # shellcheck disable=SC2086
+      timeout "$limit" python3 experiments/benchmark_learner.py $args 2>&1 | tee -a "$OUT/bench.log" ;;
+  esac
+done

@@ -1,0 +1,203 @@
+"""learner_mode compile / graph: equality with eager, no recompiles, no host syncs, frozen critic."""
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.learner import COL, FlashSACLearner
+from flashsac_opt.oracle import synthetic_batch
+
+DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
+SMALL = dict(batch_size=16, updates_per_step=4, policy_frequency=2, actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21)
+G1 = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    # Each learner instance compiles its own bound methods; start every test from a clean
+    # Dynamo cache so the recompile counters below see only this test's learner.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def make(mode, device="cpu", dims=DIMS, **overrides):
+    torch.manual_seed(0)
+    cfg = FlashSACConfig(**{**SMALL, "learner_mode": mode, **overrides})
+    return FlashSACLearner(cfg, device=device, **dims)
+
+
+def batches(learner, n, seed=0, device="cpu"):
+    rows = learner.cfg.batch_size * learner.cfg.updates_per_step
+    g = torch.Generator().manual_seed(seed)
+    dims = {"obs_dim": learner.obs_dim, "critic_obs_dim": learner.critic_obs_dim, "action_dim": learner.action_dim}
+    return [synthetic_batch(rows, generator=g, device=device, **dims) for _ in range(n)]
+
+
+def train(learner, data, seed=0):
+    losses = []
+    for i, b in enumerate(data):
+        torch.manual_seed(seed + i)
+        if learner.device.type == "cuda":
+            torch.cuda.manual_seed(seed + i)
+        learner.update(b)
+        losses.append(learner.update_metrics_table()[:-1, [COL["critic_loss"], COL["actor_loss"]]].clone())
+    return torch.cat(losses)
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+# ------------------------------------------------------------------ CPU
+def test_compile_mode_traces_without_breaks_and_matches_eager_bitwise_cpu():
+    """aot_eager runs the traced graphs op for op: any divergence is a tracing bug.
+
+    (It caught one: torch.compile dropped in-place updates to 0-dim float64 tensors, which
+    is why FlatAdam's counters have shape (1,).)
+    """
+    eager, compiled = make("eager"), make("compile", compile_backend="aot_eager")
+    data = batches(eager, 4)
+    le, lc = train(eager, data), train(compiled, data)
+    assert torch.equal(le, lc)
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(getattr(eager, name).params, getattr(compiled, name).params), name
+        assert torch.equal(getattr(eager, name).bn_stats, getattr(compiled, name).bn_stats), name
+    assert torch.equal(eager.critic_adam.exp_avg_sq, compiled.critic_adam.exp_avg_sq)
+    assert torch.equal(eager.temperature.log_temp, compiled.temperature.log_temp)
+
+
+def test_no_recompiles_after_warmup_while_lr_and_counters_change():
+    from torch._dynamo.utils import counters
+
+    learner = make("compile", compile_backend="aot_eager", learning_rate_warmup_steps=3, learning_rate_decay_steps=20)
+    data = batches(learner, 5)
+    learner.update(data[0])  # warm-up: compiles each function once
+    frames = dict(counters["stats"])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for b in data[1:]:
+            learner.update(b)  # the LR moves through warm-up and cosine decay here
+    assert dict(counters["stats"]).get("unique_graphs") == frames.get("unique_graphs")
+    assert float(learner.critic_adam.schedule_step) == 5 * 4
+
+
+def test_inductor_compile_matches_eager_cpu():
+    """Inductor fuses and reorders: not bitwise, but within fp32 rounding after 3 iterations."""
+    eager, compiled = make("eager"), make("compile")
+    data = batches(eager, 3)
+    le, lc = train(eager, data), train(compiled, data)
+    assert rel(lc, le) < 1e-5
+    for name in ("actor", "critic", "target_critic"):
+        assert rel(getattr(compiled, name).params, getattr(eager, name).params) < 1e-5, name
+
+
+def _compiled_actor_step_profile(freeze_critic: bool) -> tuple[int, int]:
+    """GEMM FLOPs and GEMM count of one compiled actor loss forward+backward (profiler, CPU).
+
+    aot_eager runs AOTAutograd's compiled backward as aten ops, so the profiler sees every
+    GEMM the compiled graph contains. Both cases ask autograd only for actor gradients, as
+    UniLab does with backward(inputs=actor params).
+    """
+    from flashsac_opt.objectives import actor_objective
+
+    learner = make("eager", dims=G1, batch_size=64, actor_hidden_dim=32, critic_hidden_dim=64)
+    b = {k: v[:64] for k, v in batches(learner, 1)[0].items()}
+    objective = torch.compile(actor_objective, backend="aot_eager", fullgraph=True, dynamic=False)
+    args = (
+        learner.actor, learner.critic, learner.actor.params, learner.critic.params, learner.temperature.log_temp,
+        b["obs"], b["next_obs"], b["critic"], b["actions"], torch.randn(128, 29), 0.0, None, freeze_critic,
+    )
+    torch.autograd.grad(objective(*args).loss, learner.actor.params)  # compile outside the profile
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        torch.autograd.grad(objective(*args).loss, learner.actor.params)
+    gemms = [e for e in prof.key_averages() if e.key in ("aten::bmm", "aten::mm", "aten::addmm")]
+    return sum(e.flops for e in gemms), sum(e.count for e in gemms)
+
+
+def test_frozen_critic_does_no_weight_gradient_work():
+    """The profiler sees the critic dW GEMMs in the compiled backward unless the critic is frozen."""
+    frozen_flops, frozen_gemms = _compiled_actor_step_profile(freeze_critic=True)
+    full_flops, full_gemms = _compiled_actor_step_profile(freeze_critic=False)
+    # One dW GEMM per critic weight matrix: embed, 2 blocks x (up, down), logits; each
+    # 2*B*members*out*in FLOPs with B=64 policy rows, 2 members, hidden 64, input 101+29,
+    # 21 atoms (SMALL).
+    b, n, h, d, atoms = 64, 2, 64, 101 + 29, 21
+    expected = 2 * b * n * (h * d + 2 * (4 * h * h + h * 4 * h) + atoms * h)
+    assert full_gemms - frozen_gemms == 6
+    assert full_flops - frozen_flops == pytest.approx(expected, rel=0.01)
+
+
+def test_graph_mode_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        make("graph")
+
+
+# ------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["compile", "graph"])
+def test_gpu_mode_matches_eager_fp32_50_iterations(mode):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    eager = make("eager", "cuda", G1, batch_size=256, updates_per_step=2, use_amp=False, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
+    other = make(mode, "cuda", G1, batch_size=256, updates_per_step=2, use_amp=False, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
+    data = batches(eager, 50, device="cuda")
+    le, lo = train(eager, data), train(other, data)
+    # Inductor reorders fp32 reductions; Adam turns rounding in near-zero gradients into
+    # +-lr steps, so the bound is on whole networks (norm-relative), not single entries.
+    assert rel(lo, le) < 1e-3
+    for name in ("actor", "critic", "target_critic"):
+        assert rel(getattr(other, name).params, getattr(eager, name).params) < 1e-3, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["compile", "graph"])
+def test_gpu_mode_matches_eager_bf16(mode):
+    eager = make("eager", "cuda", G1, batch_size=256, updates_per_step=8, use_amp=True, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
+    other = make(mode, "cuda", G1, batch_size=256, updates_per_step=8, use_amp=True, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
+    data = batches(eager, 50, device="cuda")
+    le, lo = train(eager, data), train(other, data)
+    assert rel(lo, le) < 2e-2
+    for name in ("actor", "critic"):
+        assert rel(getattr(other, name).params, getattr(eager, name).params) < 2e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["compile", "graph"])
+def test_gpu_iteration_has_no_host_sync(mode):
+    learner = make(mode, "cuda", G1, batch_size=256, updates_per_step=8, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
+    data = batches(learner, 5, device="cuda")
+    for b in data[:3]:
+        learner.update(b)  # warm-up: compile, cudagraph recording / capture
+        learner.read_metrics()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        learner.update(data[3])
+        learner.update(data[4])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    metrics = learner.read_metrics()  # the one D2H copy of the iteration
+    assert metrics["Learner/critic_updates_skipped"] == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_finite_guard_and_recapture():
+    learner = make("graph", "cuda", G1, batch_size=128, updates_per_step=2, policy_frequency=1, actor_hidden_dim=64, critic_hidden_dim=128, num_atoms=51)
+    data = batches(learner, 3, device="cuda")
+    learner.update(data[0])
+    before = learner.critic.params.detach().clone(), learner.actor.params.detach().clone()
+    bad = {k: v.clone() for k, v in data[1].items()}
+    bad["next_obs"][:, 0] = float("nan")
+    learner.update(bad)
+    m = learner.read_metrics()
+    assert m["Learner/critic_updates_skipped"] == 2.0 and m["Learner/actor_updates_skipped"] == 2.0
+    assert torch.equal(learner.critic.params, before[0]) and torch.equal(learner.actor.params, before[1])
+    learner.update(data[2])
+    assert learner.read_metrics()["Learner/critic_updates_skipped"] == 0.0
+    assert not torch.equal(learner.critic.params, before[0])
+    assert learner._graph.captures == 1
+    learner.update({k: v[:128] for k, v in data[2].items()}, updates_per_step=1, policy_frequency=1)
+    assert learner._graph.captures == 2  # a new shape is a new capture
