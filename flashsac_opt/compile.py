@@ -63,7 +63,13 @@ def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[...
     mark_static(*persistent_state(learner))
     options = None
     if backend == "inductor":
-        options = {"triton.cudagraphs": mode == "compile" and learner.device.type == "cuda"}
+        cuda = learner.device.type == "cuda"
+        options = {
+            "triton.cudagraphs": mode == "compile" and cuda,
+            # Pad GEMM operands whose rows are not 16-byte aligned (101 atoms, 29 actions,
+            # 130-wide critic input) instead of letting cuBLAS fall back to align-1 kernels.
+            "force_shape_pad": cuda,
+        }
     return {
         name: torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
         for name, fn in functions.items()

@@ -63,6 +63,9 @@ class FlashSACLearner:
         self.cfg = cfg
         self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Tensors report "cuda:0", never "cuda": resolve the index once for the checks.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if cfg.use_amp and self.device.type == "cuda":
             if cfg.amp_dtype.lower() == "fp16":
                 raise ValueError("flashsac_opt supports bf16 autocast only (fp16 needs loss scaling); set amp_dtype=bf16")
@@ -87,6 +90,8 @@ class FlashSACLearner:
             cfg.critic_min_v,
             cfg.critic_max_v,
         ).to(self.device)
+        fused = cfg.fused_renorm if cfg.fused_renorm is not None else cfg.learner_mode != "eager"
+        self.actor.fused_renorm = self.critic.fused_renorm = bool(fused)
         self.target_critic = copy.deepcopy(self.critic)
         self.target_critic.params.requires_grad_(False)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)

@@ -57,7 +57,7 @@ def test_compile_mode_traces_without_breaks_and_matches_eager_bitwise_cpu():
     (It caught one: torch.compile dropped in-place updates to 0-dim float64 tensors, which
     is why FlatAdam's counters have shape (1,).)
     """
-    eager, compiled = make("eager"), make("compile", compile_backend="aot_eager")
+    eager, compiled = make("eager"), make("compile", compile_backend="aot_eager", fused_renorm=False)
     data = batches(eager, 4)
     le, lc = train(eager, data), train(compiled, data)
     assert torch.equal(le, lc)
@@ -136,32 +136,40 @@ def test_graph_mode_needs_cuda():
 
 
 # ------------------------------------------------------------------ GPU
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["compile", "graph"])
-def test_gpu_mode_matches_eager_fp32_50_iterations(mode):
+def _drift_against_eager(mode: str, amp: bool, updates_per_step: int, iterations: int = 50):
+    """Relative drift of `mode` from eager, next to the drift of eager from itself.
+
+    The reference drift ("floor") comes from an eager run whose critic weights were
+    perturbed by 1e-7 relative once, at the start: rounding-sized. Adam turns rounding
+    differences in near-zero gradients into +-lr steps, so two correct implementations that
+    round differently drift apart by about this floor; a semantic error (wrong LR, wrong
+    target, a skipped update) drifts by orders of magnitude more.
+    """
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    eager = make("eager", "cuda", G1, batch_size=256, updates_per_step=2, use_amp=False, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
-    other = make(mode, "cuda", G1, batch_size=256, updates_per_step=2, use_amp=False, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
-    data = batches(eager, 50, device="cuda")
-    le, lo = train(eager, data), train(other, data)
-    # Inductor reorders fp32 reductions; Adam turns rounding in near-zero gradients into
-    # +-lr steps, so the bound is on whole networks (norm-relative), not single entries.
-    assert rel(lo, le) < 1e-3
+    kw = dict(batch_size=256, updates_per_step=updates_per_step, use_amp=amp, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
+    eager, other, floor = make("eager", "cuda", G1, **kw), make(mode, "cuda", G1, **kw), make("eager", "cuda", G1, **kw)
+    with torch.no_grad():
+        g = torch.Generator(device="cuda").manual_seed(123)
+        floor.critic.params.mul_(1 + 1e-7 * torch.randn(floor.critic.params.shape, device="cuda", generator=g))
+    data = batches(eager, iterations, device="cuda")
+    le, lo, lf = train(eager, data), train(other, data), train(floor, data)
+    out = {"losses": (rel(lo, le), rel(lf, le))}
     for name in ("actor", "critic", "target_critic"):
-        assert rel(getattr(other, name).params, getattr(eager, name).params) < 1e-3, name
+        a, b, c = (getattr(x, name).params.detach() for x in (other, eager, floor))
+        out[name] = (rel(a, b), rel(c, b))
+    print(f"drift {mode} amp={amp}: " + ", ".join(f"{k} {v[0]:.2e} (floor {v[1]:.2e})" for k, v in out.items()))
+    return out
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["compile", "graph"])
-def test_gpu_mode_matches_eager_bf16(mode):
-    eager = make("eager", "cuda", G1, batch_size=256, updates_per_step=8, use_amp=True, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
-    other = make(mode, "cuda", G1, batch_size=256, updates_per_step=8, use_amp=True, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
-    data = batches(eager, 50, device="cuda")
-    le, lo = train(eager, data), train(other, data)
-    assert rel(lo, le) < 2e-2
-    for name in ("actor", "critic"):
-        assert rel(getattr(other, name).params, getattr(eager, name).params) < 2e-2, name
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_gpu_mode_tracks_eager_within_rounding_drift(mode, amp):
+    drift = _drift_against_eager(mode, amp, updates_per_step=2 if not amp else 8)
+    for name, (mode_drift, floor) in drift.items():
+        assert mode_drift <= 10 * floor + 1e-6, f"{name}: {mode_drift:.3e} vs rounding floor {floor:.3e}"
+        assert mode_drift < (1e-2 if not amp else 1e-1), name
 
 
 @pytest.mark.gpu
