@@ -170,10 +170,12 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
             t[1] += evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
         elif any(evt.name.startswith(api) for api in launch_apis):
             launches += 1
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
     return {
         "kernels_per_iteration": kernels / iterations,
         "launches_per_iteration": launches / iterations,
+        "kernel_us_per_iteration": sum(t for _, t in by_name.values()) / iterations,
+        "kernels_under_5us_per_iteration": sum(c for c, t in by_name.values() if t / max(c, 1) < 5.0) / iterations,
         "top_kernels": [{"name": n[:120], "count_per_iteration": c / iterations, "us_per_iteration": t / iterations} for n, (c, t) in top],
     }
 

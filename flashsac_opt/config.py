@@ -62,9 +62,6 @@ class FlashSACConfig:
     learner_mode: str = "eager"
     # torch.compile backend for the compiled modes ("inductor"; "aot_eager" for debugging)
     compile_backend: str = "inductor"
-    # One scatter-add renormalization over all layers (None: on in compile/graph modes).
-    # Off gives eager's per-layer form, bit-identical to UniLab.
-    fused_renorm: bool | None = None
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:

@@ -90,8 +90,6 @@ class FlashSACLearner:
             cfg.critic_min_v,
             cfg.critic_max_v,
         ).to(self.device)
-        fused = cfg.fused_renorm if cfg.fused_renorm is not None else cfg.learner_mode != "eager"
-        self.actor.fused_renorm = self.critic.fused_renorm = bool(fused)
         self.target_critic = copy.deepcopy(self.critic)
         self.target_critic.params.requires_grad_(False)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)

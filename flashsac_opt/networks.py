@@ -62,65 +62,19 @@ def _renormalize(layout: FlatLayout, groups: list[tuple[str, ...]], flat: torch.
     return out
 
 
-def renorm_segments(layout: FlatLayout, groups: list[tuple[str, ...]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Describe every renormalization group as segments of the flat buffer.
-
-    Returns (segment id per element (int32), per-segment "is a unit row" flag, per-segment
-    target norm). Elements no group touches (head biases) get a last, pass-through segment.
-    With this, one scatter-add computes every squared norm at once (see
-    ``renormalize_segmented``), instead of one reduction kernel per layer.
-    """
-    seg = torch.full((layout.numel,), -1, dtype=torch.int64)
-    is_rows: list[bool] = []
-    target: list[float] = []
-    for group in groups:
-        kind, names = group[0], group[1:]
-        width = layout.slots[names[0]].shape[-1]
-        count = layout.slots[names[0]].numel // width
-        ids = torch.arange(len(is_rows), len(is_rows) + count).repeat_interleave(width)
-        for name in names:
-            slot = layout.slots[name]
-            seg[slot.offset : slot.offset + slot.numel] = ids
-        is_rows += [kind == "rows"] * count
-        target += [1.0 if kind == "rows" else math.sqrt(float(width))] * count
-    passthrough = len(is_rows)
-    seg[seg < 0] = passthrough
-    is_rows.append(False)
-    target.append(float("nan"))  # marks the pass-through segment
-    return seg.to(torch.int32), torch.tensor(is_rows), torch.tensor(target)
-
-
-def renormalize_segmented(flat: torch.Tensor, seg: torch.Tensor, is_rows: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Same result as ``_renormalize`` up to rounding, as a handful of fused kernels."""
-    sq = torch.zeros(target.shape[0], device=flat.device, dtype=flat.dtype).index_add_(0, seg, flat * flat)
-    unit_rows = 1.0 / torch.sqrt(sq).clamp_min(RENORM_EPS)  # F.normalize semantics
-    scaled = target * torch.rsqrt(sq + RENORM_EPS)
-    factor = torch.where(is_rows, unit_rows, scaled)
-    factor = torch.where(torch.isnan(target), torch.ones_like(factor), factor)
-    return flat * factor[seg]
-
-
 class _FlatNetwork(nn.Module):
     """Shared plumbing: flat parameters, BN statistics and their renormalization."""
 
     layout: FlatLayout
     renorm_groups: list[tuple[str, ...]]
-    fused_renorm: bool = False
-
-    def _register_segments(self) -> None:
-        seg, is_rows, target = renorm_segments(self.layout, self.renorm_groups)
-        self.register_buffer("renorm_segment", seg, persistent=False)
-        self.register_buffer("renorm_is_rows", is_rows, persistent=False)
-        self.register_buffer("renorm_target", target, persistent=False)
 
     def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
         """Post-step renormalization of a flat parameter tensor (returns a new tensor).
 
-        The per-layer form is what eager mode uses (bit-identical to UniLab); compiled modes
-        set ``fused_renorm`` and use one scatter-add over all layers instead.
+        One reduction per layer. (A single scatter-add over all layers was tried and
+        measured 8x slower on the H200: Inductor's atomic adds serialize on each row's
+        accumulator. See FLASH_SAC_OPTIMIZATION.md.)
         """
-        if self.fused_renorm:
-            return renormalize_segmented(flat, self.renorm_segment, self.renorm_is_rows, self.renorm_target)
         return _renormalize(self.layout, self.renorm_groups, flat)
 
 
@@ -188,7 +142,6 @@ class FlashSACActor(_FlatNetwork):
 
         self.params = nn.Parameter(torch.zeros(self.layout.numel))
         self.register_buffer("bn_stats", torch.zeros(self.stats_layout.numel))
-        self._register_segments()
         ns = torch.arange(1, noise_zeta_max + 1, dtype=torch.float32)
         pmf = ns.pow(-noise_zeta_mu)
         self.register_buffer("zeta_cdf", torch.cumsum(pmf / pmf.sum(), dim=0))
@@ -359,7 +312,6 @@ class FlashSACCritic(_FlatNetwork):
         self.stats_layout = FlatLayout(stats)
         self.params = nn.Parameter(torch.zeros(self.layout.numel))
         self.register_buffer("bn_stats", torch.zeros(self.stats_layout.numel))
-        self._register_segments()
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms), persistent=False)
         self.reset_parameters()
 
