@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy-frequency", type=int, default=2)
     parser.add_argument("--normalize-reward", choices=["on", "off", "both"], default="both")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare-modes", nargs="*", choices=["compile", "graph"], default=None,
+                        help="instead of UniLab: compare these learner modes with eager (drift curves)")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compare-modes")
     parser.add_argument("--output", type=Path, default=None, help="JSON path (default: print only)")
     args = parser.parse_args(argv)
 
@@ -62,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is available")
     if args.dtype == "bf16" and args.device != "cuda":
         parser.error("--dtype bf16 needs --device cuda (UniLab disables autocast on CPU)")
+    if "graph" in (args.compare_modes or []) and args.device != "cuda":
+        parser.error("--compare-modes graph needs --device cuda")
+    if args.compare_modes is not None:
+        return compare_modes_main(args)
     try:
         import unilab.rl.algos.flash_sac.learner  # noqa: F401
     except ImportError:
@@ -140,6 +147,62 @@ def main(argv: list[str] | None = None) -> int:
             f"{c['worst_tensor']['rel']:.2e} ({c['worst_tensor']['name']})",
             "yes" if c["passed"] else "NO",
         )
+    console.print(table)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=1))
+        console.print(f"wrote {args.output}")
+    return 0 if report["passed"] else 1
+
+
+def compare_modes_main(args: argparse.Namespace) -> int:
+    """learner_mode compile/graph against eager: drift curves next to the rounding floor."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.oracle import G1_DIMS, compare_modes
+
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    modes = args.compare_modes or ["compile"]
+    cases = []
+    console = Console()
+    for u in args.updates_per_step:
+        cfg = FlashSACConfig(
+            batch_size=args.batch_size, updates_per_step=u, policy_frequency=args.policy_frequency, gamma=0.97,
+            tau=0.05, use_amp=args.dtype == "bf16", amp_dtype="bf16", compile_backend=args.compile_backend,
+        )
+        with Progress(console=console) as progress:
+            task = progress.add_task(f"modes {modes} updates_per_step={u}", total=args.iterations)
+            curves = compare_modes(cfg, modes, args.iterations, G1_DIMS, args.device, args.seed, lambda _: progress.advance(task))
+        final = {name: {k: v[-1] for k, v in c.items()} for name, c in curves.items()}
+        # A mode passes when it stays within 10x of the rounding floor (or 1e-6).
+        passed = {
+            m: all(final[m][k] <= 10 * final["rounding_floor"][k] + 1e-6 for k in ("actor", "critic", "target_critic"))
+            for m in modes
+        }
+        cases.append({"updates_per_step": u, "batch_size": args.batch_size, "iterations": args.iterations,
+                      "curves": curves, "final": final, "passed": passed})
+    report = {
+        "experiment": "validate_numerics --compare-modes",
+        "reference": "flashsac_opt learner_mode=eager",
+        "compile_backend": args.compile_backend,
+        "dtype": args.dtype,
+        "criterion": "final norm-relative parameter drift <= 10 x drift of an eager run perturbed by 1e-7 (rounding floor) + 1e-6",
+        "environment": environment(args.device),
+        "command": " ".join(["python", *sys.argv]),
+        "cases": cases,
+        "passed": all(all(c["passed"].values()) for c in cases),
+    }
+    table = Table(title=f"learner modes vs eager after {args.iterations} iterations ({args.device}, {args.dtype}, {args.compile_backend})")
+    for col in ("updates", "run", "actor", "critic", "target", "losses"):
+        table.add_column(col)
+    for c in cases:
+        for name, f in c["final"].items():
+            table.add_row(str(c["updates_per_step"]), name, *(f"{f[k]:.2e}" for k in ("actor", "critic", "target_critic", "losses")))
     console.print(table)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -206,3 +206,59 @@ def _tensors_only(sd: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, dict) and not key.endswith("_scheduler") and key != "actor_semantics":
             out[key] = value
     return out
+
+
+def compare_modes(
+    cfg: FlashSACConfig,
+    modes: list[str],
+    iterations: int,
+    dims: dict[str, int] = G1_DIMS,
+    device: str = "cpu",
+    seed: int = 0,
+    on_iteration=None,
+) -> dict[str, dict]:
+    """Drift of each learner_mode from eager, iteration by iteration, next to a rounding floor.
+
+    All learners start from the same weights and see the same batches and RNG state. The
+    floor is an eager learner whose critic weights were perturbed by 1e-7 relative once:
+    how far two runs that differ only by rounding drift apart (Adam turns rounding in
+    near-zero gradients into +-lr steps). Returns per mode: per-iteration norm-relative
+    differences of the actor/critic/target parameters and of the iteration's losses.
+    """
+    def build(mode: str) -> FlashSACLearner:
+        torch.manual_seed(seed)
+        return FlashSACLearner(cfg.replace(learner_mode=mode), dims["obs_dim"], dims["critic_obs_dim"], dims["action_dim"], device=device)
+
+    learners = {"eager": build("eager"), "rounding_floor": build("eager"), **{m: build(m) for m in modes}}
+    with torch.no_grad():
+        g = torch.Generator(device=device).manual_seed(seed + 7)
+        p = learners["rounding_floor"].critic.params
+        p.mul_(1 + 1e-7 * torch.randn(p.shape, device=device, generator=g))
+    data = torch.Generator().manual_seed(seed + 1)
+    rows = cfg.batch_size * cfg.updates_per_step
+    curves: dict[str, dict[str, list[float]]] = {
+        name: {"actor": [], "critic": [], "target_critic": [], "losses": []} for name in learners if name != "eager"
+    }
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double() - b.double()).norm() / b.double().norm())
+
+    for it in range(iterations):
+        batch = synthetic_batch(rows, generator=data, device=device, **dims)
+        rewards = torch.randn(1, 16, generator=data).to(device)
+        dones = (torch.rand(1, 16, generator=data) < 0.05).float().to(device)
+        tables = {}
+        for name, learner in learners.items():
+            learner.update_reward_stats(rewards, dones)
+            torch.manual_seed(seed * 100_003 + it)
+            learner.update(batch)
+            tables[name] = learner.update_metrics_table()[:-1, [COL["critic_loss"], COL["actor_loss"]]]
+        ref = learners["eager"]
+        for name, curve in curves.items():
+            other = learners[name]
+            for net in ("actor", "critic", "target_critic"):
+                curve[net].append(rel(getattr(other, net).params.detach(), getattr(ref, net).params.detach()))
+            curve["losses"].append(rel(tables[name], tables["eager"]))
+        if on_iteration is not None:
+            on_iteration(it)
+    return curves
