@@ -140,16 +140,25 @@ def test_parameters_stay_unit_normalized():
     learner = make()
     for seed in range(3):
         learner.update(batch_for(learner, seed=seed))
+    unit_rows = ("in_proj", ".up", ".down", "mean.weight", "log_std.weight", "logits.weight")
+    checked = 0
     for net in (learner.actor, learner.critic):
         views = net.layout.views(net.params.detach())
-        for group in net.renorm_groups:
-            kind, names = group[0], group[1:]
-            v = [views[n] for n in names]
-            if kind == "rows":
-                torch.testing.assert_close(v[0].norm(dim=-1), torch.ones_like(v[0][..., 0]), rtol=0, atol=1e-5)
+        for name, v in views.items():
+            if name.endswith(unit_rows):
+                torch.testing.assert_close(v.norm(dim=-1), torch.ones_like(v[..., 0]), rtol=0, atol=1e-5)
+            elif name.endswith("_bn.weight"):
+                bias = views[name[: -len("weight")] + "bias"]
+                sq = (v * v + bias * bias).sum(dim=-1)
+                torch.testing.assert_close(sq, torch.full_like(sq, v.shape[-1]), rtol=1e-5, atol=0)
+            elif name == "out_rms":
+                sq = (v * v).sum(dim=-1)
+                torch.testing.assert_close(sq, torch.full_like(sq, v.shape[-1]), rtol=1e-5, atol=0)
             else:
-                sq = sum((t * t).sum(dim=-1) for t in v)
-                torch.testing.assert_close(sq, torch.full_like(sq, v[0].shape[-1]), rtol=1e-5, atol=0)
+                continue
+            checked += 1
+    # actor: 7 unit-row matrices + 5 BatchNorms + RMSNorm; critic: 6 + 5 + 1
+    assert checked == 25
 
 
 def test_target_critic_moves_toward_critic_by_tau():
