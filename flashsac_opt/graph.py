@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flashsac_opt.compile import persistent_state
-
 if TYPE_CHECKING:
     from flashsac_opt.learner import FlashSACLearner
 
@@ -62,12 +60,7 @@ class WholeCycleGraph:
         learner = self.learner
         self.graph = None
         self.static_batch = {k: v.detach().clone() for k, v in batch.items()}
-        state = persistent_state(learner) + [
-            learner.actor.params.data,
-            learner.critic.params.data,
-            learner.temperature.log_temp.data,
-        ]
-        saved = [t.clone() for t in state]
+        saved = learner.snapshot()
         rng = torch.cuda.get_rng_state(learner.device)
         start = time.perf_counter()
         # Warm-up on a side stream compiles every function and lets the allocator and
@@ -78,9 +71,7 @@ class WholeCycleGraph:
             for _ in range(WARMUP_ITERATIONS):
                 learner._run_updates(self.static_batch, u_count, pf, bsz)
         torch.cuda.current_stream(learner.device).wait_stream(side)
-        with torch.no_grad():
-            for tensor, value in zip(state, saved):
-                tensor.copy_(value)
+        learner.restore(saved)
         torch.cuda.set_rng_state(rng, learner.device)
         torch.cuda.synchronize(learner.device)
         self.last_warmup_seconds = time.perf_counter() - start

@@ -27,7 +27,7 @@ from flashsac_opt.objectives import (
     target_entropy,
     temperature_loss_and_grad,
 )
-from flashsac_opt.compile import build_update_functions, mark_static
+from flashsac_opt.compile import build_update_functions, mark_static, persistent_state
 from flashsac_opt.graph import WholeCycleGraph
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
@@ -119,6 +119,7 @@ class FlashSACLearner:
         self.totals = torch.zeros(len(TOTAL_COLUMNS), device=self.device)
         self.iterations = 0
         self._last_schedule: tuple[int, int, int, bool] | None = None
+        self._single_metrics: torch.Tensor | None = None
         self._fn = build_update_functions(self)
         self._graph = WholeCycleGraph(self) if cfg.learner_mode == "graph" else None
 
@@ -307,6 +308,55 @@ class FlashSACLearner:
         else:
             self._run_updates(batch, u_count, pf, bsz)
         self.iterations += 1
+
+    # ------------------------------------------------- single updates (UniLab per-update path)
+    def _single_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.validate_batch(batch, 1)
+        if self._single_metrics is None:
+            self._single_metrics = torch.zeros(len(METRIC_COLUMNS), device=self.device)
+            mark_static(self._single_metrics)
+        with torch.no_grad():
+            rewards = batch["rewards"].reshape(-1)
+            if self.reward_normalizer is not None:
+                rewards = rewards / self.reward_normalizer.scale()
+        if self.cfg.learner_mode == "compile":
+            torch.compiler.cudagraph_mark_step_begin()
+        return dict(batch, rewards=rewards, dones=batch["dones"].reshape(-1), truncated=batch["truncated"].reshape(-1))
+
+    def step_critic(self, batch: dict[str, torch.Tensor]) -> None:
+        """One critic update (no target update) on a single batch."""
+        b = self._single_batch(batch)
+        self._critic_update(b, self._single_metrics, polyak=False)
+
+    def step_actor(self, batch: dict[str, torch.Tensor]) -> None:
+        """One actor + temperature update on a single batch."""
+        b = self._single_batch(batch)
+        self._actor_update(b, self._single_metrics)
+
+    def step_target(self) -> None:
+        """Polyak update, skipped on the device if the last critic step was skipped."""
+        if self._single_metrics is None:
+            return
+        with torch.no_grad():
+            ok = self._single_metrics[COL["critic_applied"]]
+            self.target_critic.params.lerp_(self.critic.params, self.tau * ok)
+
+    def single_update_metrics(self) -> dict[str, float]:
+        """Metrics of the last single critic/actor updates (one device-to-host copy)."""
+        if self._single_metrics is None:
+            return {}
+        return dict(zip(METRIC_COLUMNS, self._single_metrics.cpu().tolist()))
+
+    def snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tensor, copy) for every piece of training state, to undo warm-up iterations."""
+        state = persistent_state(self) + [self.actor.params.data, self.critic.params.data, self.temperature.log_temp.data]
+        return [(t, t.clone()) for t in state]
+
+    @staticmethod
+    def restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for tensor, value in saved:
+                tensor.copy_(value)
 
     def read_metrics(self) -> dict[str, float]:
         """The iteration's metrics: the one device-to-host copy per iteration.

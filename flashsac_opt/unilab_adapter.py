@@ -1,0 +1,189 @@
+"""flashsac_opt's learner behind the interface UniLab 1.5.2's off-policy runtime drives.
+
+``build_unilab_learner`` is what patches/0001 calls in place of UniLab's
+``FlashSACLearner(device=device, **learner_kwargs)``. The runtime then uses:
+
+- the whole-cycle path: ``use_update_cycle`` -> ``update_cycle(...)`` +
+  ``read_deferred_cycle_metrics()`` (one device-to-host copy per iteration);
+- or the per-update path: ``update_critic`` / ``update_actor`` / ``soft_update_target`` +
+  ``read_deferred_actor_metrics()``;
+- ``actor.explore(obs, dones, deterministic)`` for learner-served collection;
+- ``update_reward_stats`` / ``reward_normalizer``, ``update_count``;
+- ``get_state_dict`` / ``load_state_dict`` in UniLab's ``model_N.pt`` layout, so stock
+  UniLab's play/eval (which rebuilds its own actor) loads flashsac_opt checkpoints;
+- ``prepare_for_collection`` to compile/capture before collection starts.
+
+Metric names are UniLab's registered tags only: UniLab's logger rejects any other name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.learner import FlashSACLearner
+from flashsac_opt.unilab_compat import from_unilab_state_dict, to_unilab_state_dict
+
+UNILAB_CYCLE_METRICS = ("Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature")
+# UniLab learner kwargs that flashsac_opt has no use for (its own compile/graph flags).
+_IGNORED = {"actor_lr", "critic_lr", "use_compile", "compile_full_objectives", "use_whole_cycle_cuda_graph", "dp_whole_cycle_cuda_graph"}
+
+
+def build_unilab_learner(*, device: str | torch.device, learner_mode: str = "graph", **learner_kwargs: Any) -> "UniLabFlashSACLearner":
+    return UniLabFlashSACLearner(device=device, learner_mode=learner_mode, **learner_kwargs)
+
+
+class UniLabFlashSACLearner:
+    supports_deferred_update_metrics = True
+
+    def __init__(
+        self,
+        *,
+        device: str | torch.device,
+        obs_dim: int,
+        action_dim: int,
+        critic_obs_dim: int,
+        learner_mode: str = "graph",
+        actor_config: Any = None,
+        actor_normalize_parameters: bool = True,
+        critic_normalize_parameters: bool = True,
+        **kwargs: Any,
+    ):
+        if actor_config is not None:
+            raise ValueError("flashsac_opt supports the built-in FlashSAC actor only (algo.algo_params.actor_config must be null)")
+        if not (actor_normalize_parameters and critic_normalize_parameters):
+            raise ValueError("flashsac_opt always renormalizes parameters (actor/critic_normalize_parameters must be true)")
+        device = torch.device(device)
+        if learner_mode == "graph" and device.type != "cuda":
+            raise ValueError(
+                f"learner_mode=graph needs a CUDA device (got {device}); set algo.algo_params.learner_mode=eager or compile"
+            )
+        known = {f.name for f in dataclasses.fields(FlashSACConfig)}
+        unknown = set(kwargs) - known - _IGNORED
+        if unknown:
+            raise ValueError(f"flashsac_opt does not know the UniLab learner option(s) {sorted(unknown)}")
+        values = {k: v for k, v in kwargs.items() if k in known}
+        if values.get("amp_dtype") is not None:
+            values["amp_dtype"] = str(values["amp_dtype"])
+        self.cfg = FlashSACConfig(learner_mode=learner_mode, **values)
+        self.learner = FlashSACLearner(self.cfg, obs_dim, critic_obs_dim, action_dim, device=device)
+        self.device = self.learner.device
+        self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
+        self.actor = self.learner.actor
+        self.reward_normalizer = self.learner.reward_normalizer
+        self.update_count = 0
+        self.use_compile = learner_mode != "eager"
+        self.compile_backend = self.cfg.compile_backend if self.use_compile else "eager"
+        self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
+
+    # ------------------------------------------------------------ whole cycle
+    @property
+    def use_update_cycle(self) -> bool:
+        return True
+
+    def _set_schedule(self, target_frequency: int, policy_before_critic: bool) -> None:
+        # Part of graph mode's capture key: a change recaptures.
+        self.cfg.target_frequency = int(target_frequency)
+        self.cfg.policy_before_critic = bool(policy_before_critic)
+
+    def update_cycle(
+        self,
+        large_batch: dict[str, torch.Tensor],
+        *,
+        updates_per_step: int,
+        policy_frequency: int,
+        target_frequency: int,
+        policy_before_critic: bool,
+        read_metrics: bool = False,
+    ) -> None:
+        del read_metrics  # metrics are always deferred to read_deferred_cycle_metrics
+        self._set_schedule(target_frequency, policy_before_critic)
+        self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+
+    def read_deferred_cycle_metrics(self) -> dict[str, float]:
+        metrics = self.learner.read_metrics()
+        return {k: v for k, v in metrics.items() if k in UNILAB_CYCLE_METRICS}
+
+    # ------------------------------------------------------------ per update
+    def update_critic(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
+        self.learner.step_critic(batch)
+        if not read_metrics:
+            return {}
+        m = self.learner.single_update_metrics()
+        out = {"Loss/critic": m["critic_loss"]}
+        if self.reward_normalizer is not None:
+            out["Train/reward_scale_std"] = m["reward_scale_std"]
+        return out
+
+    def update_actor(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
+        self.learner.step_actor(batch)
+        return self.read_deferred_actor_metrics() if read_metrics else {}
+
+    def read_deferred_actor_metrics(self) -> dict[str, float]:
+        m = self.learner.single_update_metrics()
+        if not m:
+            return {}
+        return {
+            "Loss/actor": m["actor_loss"],
+            "Loss/entropy": m["entropy"],
+            "Policy/temperature": m["temperature"],
+            "Loss/temperature": m["temperature_loss"],
+        }
+
+    def soft_update_target(self) -> None:
+        self.learner.step_target()
+
+    # ------------------------------------------------------------ runtime hooks
+    def update_reward_stats(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
+        self.learner.update_reward_stats(rewards, dones)
+
+    def inference_startup_memory_categories(self, batch_size: int) -> dict[str, int]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError("FlashSAC inference batch size must be a positive integer")
+        # Held noise (float32) plus two int32 hold counters per environment.
+        return {"persistent_exploration_scratch": batch_size * (self.action_dim * 4 + 2 * 4)}
+
+    def prepare_for_collection(self, warmup_context: Any) -> None:
+        """Compile (and in graph mode capture) before collection; training state is unchanged."""
+        if self.cfg.learner_mode == "eager":
+            return
+        batch = getattr(warmup_context, "replay_batch", None)
+        if batch is None:
+            from unilab.rl.runtime.offpolicy.warmup import build_offpolicy_warmup_batch
+
+            batch = build_offpolicy_warmup_batch(
+                warmup_context, obs_dim=self.obs_dim, critic_obs_dim=self.critic_obs_dim, action_dim=self.action_dim, device=self.device
+            )
+        self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
+        saved = self.learner.snapshot()
+        rng = torch.get_rng_state(), (torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
+        iterations = self.learner.iterations
+        self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
+        self.learner.restore(saved)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state(rng[1], self.device)
+        self.learner.iterations = iterations
+
+    def set_gradient_sync(self, sync: Any) -> None:
+        if sync is not None:
+            raise NotImplementedError("flashsac_opt does not support UniLab's multi-GPU (DP) training yet")
+
+    # ------------------------------------------------------------ checkpoints
+    def get_state_dict(self) -> dict[str, Any]:
+        self.learner.unilab_update_count = self.update_count
+        state = to_unilab_state_dict(self.learner)
+        # flashsac_opt's own counters ride along; UniLab ignores unknown keys.
+        state["flashsac_opt"] = {"iterations": self.learner.iterations, "skipped_totals": self.learner.totals.detach().cpu().clone()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from_unilab_state_dict(self.learner, state)
+        self.update_count = int(state.get("update_count", 0))
+        extra = state.get("flashsac_opt")
+        if extra:
+            self.learner.iterations = int(extra["iterations"])
+            self.learner.totals.copy_(extra["skipped_totals"])

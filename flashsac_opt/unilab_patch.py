@@ -1,0 +1,262 @@
+"""Apply, check and revert flashsac_opt's patch series on a UniLab 1.5.2 tree.
+
+The series lives in ``patches/`` (``series.json`` + one unified diff per patch, paths
+relative to the directory that holds the ``unilab`` package, so ``patch -p1`` works from
+``src/`` of a checkout or from ``site-packages/``). Each patched file is identified by the
+SHA-256 of its UniLab 1.5.2 original and of its patched form, which makes every state
+decidable before anything is written:
+
+- all files original -> ``apply`` writes them; all patched -> nothing to do (idempotent);
+- a file matching neither -> "locally modified or not UniLab 1.5.2": refused;
+- some original and some patched -> "half-applied": refused.
+
+``apply`` and ``revert`` compute every new file in memory and check its hash first, then
+replace files one by one (write to a temp file, ``os.replace``), restoring the already
+replaced ones if a later write fails: all files or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_VERSION = "1.5.2"
+
+
+class PatchError(RuntimeError):
+    """A refusal: the message says why; no file was changed."""
+
+
+@dataclass
+class FilePatch:
+    path: str  # relative to the directory holding the `unilab` package
+    original_sha256: str
+    patched_sha256: str
+    hunks: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (old start, new start, lines)
+
+
+@dataclass
+class Patch:
+    name: str
+    description: str
+    optional: bool
+    files: list[FilePatch]
+
+
+def patches_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "patches", here.parent / "patches"):
+        if (candidate / "series.json").is_file():
+            return candidate
+    raise PatchError("flashsac_opt's patches/ directory (series.json) was not found next to the package")
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_unified_diff(text: str) -> dict[str, list[tuple[int, int, list[str]]]]:
+    """{path: [(old start, new start, lines)]} from a `diff -u`/`git diff` text (a/ b/ prefixes)."""
+    files: dict[str, list[tuple[int, int, list[str]]]] = {}
+    current: list[tuple[int, int, list[str]]] | None = None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("+++ "):
+            path = line[4:].strip().split("\t")[0]
+            path = path[2:] if path.startswith("b/") else path
+            current = files.setdefault(path, [])
+        elif line.startswith("--- "):
+            continue
+        elif line.startswith("@@"):
+            match = _HUNK.match(line)
+            if match is None or current is None:
+                raise PatchError(f"malformed hunk header: {line.strip()}")
+            current.append((int(match.group(1)), int(match.group(3)), []))
+        elif line.startswith("\\"):
+            raise PatchError("patches must not touch a file's last line without a newline")
+        elif current and line[:1] in (" ", "+", "-"):
+            current[-1][2].append(line)
+    return files
+
+
+def _apply_hunks(original: str, hunks: list[tuple[int, int, list[str]]], reverse: bool) -> str:
+    """Apply hunks exactly at their line numbers (no fuzz: the file's hash was checked)."""
+    lines = original.splitlines(keepends=True)
+    out: list[str] = []
+    cursor = 0
+    for old_start, new_start, body in hunks:
+        old = [line[1:] for line in body if line[0] in " -"]
+        new = [line[1:] for line in body if line[0] in " +"]
+        start = old_start
+        if reverse:
+            old, new, start = new, old, new_start
+        begin = start - 1 if old else start  # a pure insertion is "after line `start`"
+        if begin < cursor or lines[begin : begin + len(old)] != old:
+            raise PatchError(f"hunk at line {start} does not match the file")
+        out.extend(lines[cursor:begin])
+        out.extend(new)
+        cursor = begin + len(old)
+    out.extend(lines[cursor:])
+    return "".join(out)
+
+
+def load_series(directory: Path | None = None) -> list[Patch]:
+    directory = directory or patches_dir()
+    meta = json.loads((directory / "series.json").read_text())
+    if meta.get("unilab_version") != SUPPORTED_VERSION:
+        raise PatchError(f"patch series is for UniLab {meta.get('unilab_version')}, expected {SUPPORTED_VERSION}")
+    series = []
+    for entry in meta["patches"]:
+        diff = parse_unified_diff((directory / entry["file"]).read_text())
+        files = []
+        for f in entry["files"]:
+            if f["path"] not in diff:
+                raise PatchError(f"{entry['file']} has no hunks for {f['path']}")
+            files.append(FilePatch(f["path"], f["original_sha256"], f["patched_sha256"], diff[f["path"]]))
+        series.append(Patch(entry["name"], entry["description"], bool(entry.get("optional")), files))
+    return series
+
+
+def locate_unilab(root: str | Path | None) -> Path:
+    """The directory holding the `unilab` package: a checkout's src/, site-packages, ..."""
+    if root is None:
+        spec = importlib.util.find_spec("unilab")
+        if spec is None or spec.origin is None:
+            raise PatchError("UniLab is not installed here; pass --root PATH (a checkout or a unilab package)")
+        return Path(spec.origin).resolve().parent.parent
+    root = Path(root).resolve()
+    for base in (root / "src", root, root.parent):
+        if (base / "unilab" / "__init__.py").is_file() and (base / "unilab" / "rl").is_dir():
+            return base
+    raise PatchError(f"{root}: no UniLab here (looked for src/unilab/, unilab/ and a unilab package directory)")
+
+
+def unilab_version(base: Path) -> str | None:
+    """Version from the installed metadata or a checkout's pyproject.toml (None if unknown)."""
+    for meta in sorted(base.glob("unilab-*.dist-info/METADATA")):
+        for line in meta.read_text().splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    for pyproject in (base.parent / "pyproject.toml", base / "pyproject.toml"):
+        if pyproject.is_file():
+            match = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
+            if match:
+                return match.group(1)
+    return None
+
+
+def _sha(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def file_state(base: Path, f: FilePatch) -> str:
+    digest = _sha(base / f.path)
+    if digest is None:
+        return "missing"
+    if digest == f.original_sha256:
+        return "original"
+    if digest == f.patched_sha256:
+        return "applied"
+    return "modified"
+
+
+def patch_state(base: Path, patch: Patch) -> tuple[str, dict[str, str]]:
+    states = {f.path: file_state(base, f) for f in patch.files}
+    values = set(states.values())
+    if values == {"original"}:
+        return "not applied", states
+    if values == {"applied"}:
+        return "applied", states
+    if values <= {"original", "applied"}:
+        return "half-applied", states
+    return "conflict", states
+
+
+def status(root: str | Path | None = None) -> dict:
+    base = locate_unilab(root)
+    report = {"unilab_dir": str(base / "unilab"), "version": unilab_version(base), "patches": []}
+    for patch in load_series():
+        state, files = patch_state(base, patch)
+        report["patches"].append({"name": patch.name, "optional": patch.optional, "state": state, "files": files, "description": patch.description})
+    return report
+
+
+def _check_version(base: Path) -> None:
+    version = unilab_version(base)
+    if version is not None and version != SUPPORTED_VERSION:
+        raise PatchError(f"UniLab {version} at {base / 'unilab'}: flashsac_opt's patches are for UniLab {SUPPORTED_VERSION} only; nothing changed")
+
+
+def _plan(base: Path, patches: list[Patch], reverse: bool) -> dict[Path, tuple[bytes, bytes]]:
+    """{path: (current bytes, new bytes)} for every file that must change; raises on any refusal."""
+    plan: dict[Path, tuple[bytes, bytes]] = {}
+    for patch in patches:
+        state, files = patch_state(base, patch)
+        if state == "conflict":
+            bad = ", ".join(f"{p} ({s})" for p, s in files.items() if s in ("modified", "missing"))
+            raise PatchError(f"patch {patch.name}: {bad}: locally modified or not UniLab {SUPPORTED_VERSION}; nothing changed")
+        if state == "half-applied":
+            detail = ", ".join(f"{p}: {s}" for p, s in files.items())
+            raise PatchError(f"patch {patch.name} is half-applied ({detail}); restore these files from UniLab {SUPPORTED_VERSION} first; nothing changed")
+        if (state == "applied") != reverse:
+            continue  # already in the wanted state
+        for f in patch.files:
+            path = base / f.path
+            current = path.read_bytes()
+            new = _apply_hunks(current.decode(), f.hunks, reverse).encode()
+            expected = f.original_sha256 if reverse else f.patched_sha256
+            if hashlib.sha256(new).hexdigest() != expected:
+                raise PatchError(f"patch {patch.name}: result for {f.path} has an unexpected hash; nothing changed")
+            plan[path] = (current, new)
+    return plan
+
+
+def _write_all(plan: dict[Path, tuple[bytes, bytes]]) -> None:
+    done: list[Path] = []
+    try:
+        for path, (_old, new) in plan.items():
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".flashsac_opt")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(new)
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.replace(tmp, path)
+            done.append(path)
+    except BaseException:
+        for path in done:  # roll back: all files or none
+            path.write_bytes(plan[path][0])
+        raise
+
+
+def _select(names: list[str] | None, include_optional: bool) -> list[Patch]:
+    series = load_series()
+    if names:
+        unknown = set(names) - {p.name for p in series}
+        if unknown:
+            raise PatchError(f"unknown patch(es) {sorted(unknown)}; known: {[p.name for p in series]}")
+        return [p for p in series if p.name in names]
+    return [p for p in series if include_optional or not p.optional]
+
+
+def apply(root: str | Path | None = None, names: list[str] | None = None, include_optional: bool = False, dry_run: bool = False) -> list[str]:
+    """Apply the series; returns the changed files (relative). Idempotent."""
+    base = locate_unilab(root)
+    _check_version(base)
+    plan = _plan(base, _select(names, include_optional), reverse=False)
+    if not dry_run:
+        _write_all(plan)
+    return [str(p.relative_to(base)) for p in plan]
+
+
+def revert(root: str | Path | None = None, names: list[str] | None = None, dry_run: bool = False) -> list[str]:
+    """Restore the byte-identical UniLab originals of every applied patch."""
+    base = locate_unilab(root)
+    _check_version(base)
+    selected = _select(names, include_optional=True)
+    plan = _plan(base, list(reversed(selected)), reverse=True)
+    if not dry_run:
+        _write_all(plan)
+    return [str(p.relative_to(base)) for p in plan]
