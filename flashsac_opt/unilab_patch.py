@@ -220,10 +220,14 @@ def _write_all(plan: dict[Path, tuple[bytes, bytes]]) -> None:
     try:
         for path, (_old, new) in plan.items():
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".flashsac_opt")
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(new)
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-            os.replace(tmp, path)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(new)
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):  # the replace did not happen: leave no temp file behind
+                    os.unlink(tmp)
             done.append(path)
     except BaseException:
         for path in done:  # roll back: all files or none

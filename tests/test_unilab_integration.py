@@ -1,0 +1,224 @@
+"""patches/, `flashsac-opt unilab`, the adapter, and a real G1 MuJoCo training run on CPU."""
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashsac_opt import unilab_patch
+from flashsac_opt.cli import main as cli_main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from unilab_tree import add_g1_placeholders, copy_unilab  # noqa: E402
+
+pytestmark = pytest.mark.unilab
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tree_digest(base: Path) -> dict[str, str]:
+    return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((base / "unilab").rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def site(tmp_path, require_unilab):
+    return copy_unilab(tmp_path / "site")
+
+
+@pytest.fixture
+def checkout(tmp_path, require_unilab):
+    """A checkout-like tree: <root>/src/unilab and a pyproject.toml carrying the version."""
+    root = tmp_path / "UniLab"
+    (root / "src").mkdir(parents=True)
+    shutil.copytree(copy_unilab(tmp_path / "tmp_site") / "unilab", root / "src" / "unilab")
+    (root / "pyproject.toml").write_text('[project]\nname = "unilab"\nversion = "1.5.2"\n')
+    return root
+
+
+def test_apply_is_idempotent_and_revert_is_byte_identical(site):
+    original = tree_digest(site)
+    changed = unilab_patch.apply(site, include_optional=True)
+    assert len(changed) == 5
+    patched = tree_digest(site)
+    assert {k for k in original if original[k] != patched[k]} == set(changed)
+    assert unilab_patch.apply(site, include_optional=True) == []  # again: nothing to do
+    assert tree_digest(site) == patched
+    states = {p["name"]: p["state"] for p in unilab_patch.status(site)["patches"]}
+    assert set(states.values()) == {"applied"}
+    assert sorted(unilab_patch.revert(site)) == sorted(changed)
+    assert tree_digest(site) == original
+
+
+def test_checkout_layout_and_dry_run(checkout):
+    before = tree_digest(checkout / "src")
+    changed = unilab_patch.apply(checkout, dry_run=True)
+    assert changed == ["unilab/rl/algos/flash_sac/double_buffer.py", "unilab/conf/flashsac/config.yaml"]
+    assert tree_digest(checkout / "src") == before  # dry run: nothing written
+    unilab_patch.apply(checkout)
+    report = unilab_patch.status(checkout)
+    assert report["version"] == "1.5.2"
+    assert [p["state"] for p in report["patches"]] == ["applied", "not applied"]
+
+
+def test_refuses_a_locally_modified_file(site):
+    target = site / "unilab" / "conf" / "flashsac" / "config.yaml"
+    target.write_text(target.read_text() + "# my local change\n")
+    before = tree_digest(site)
+    with pytest.raises(unilab_patch.PatchError, match="locally modified"):
+        unilab_patch.apply(site)
+    assert tree_digest(site) == before
+    assert cli_main(["unilab", "apply", "--root", str(site)]) == 2
+
+
+def test_refuses_another_unilab_version(site):
+    meta = next(site.glob("unilab-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 1.5.2", "Version: 1.6.0"))
+    before = tree_digest(site)
+    with pytest.raises(unilab_patch.PatchError, match="UniLab 1.6.0"):
+        unilab_patch.apply(site)
+    assert tree_digest(site) == before
+
+
+def test_refuses_a_half_applied_patch(site):
+    original = (site / "unilab" / "conf" / "flashsac" / "config.yaml").read_bytes()
+    unilab_patch.apply(site)
+    (site / "unilab" / "conf" / "flashsac" / "config.yaml").write_bytes(original)  # undo one file of 0001
+    before = tree_digest(site)
+    for action in (unilab_patch.apply, unilab_patch.revert):
+        with pytest.raises(unilab_patch.PatchError, match="half-applied"):
+            action(site)
+    assert tree_digest(site) == before
+
+
+def test_apply_rolls_back_when_a_write_fails(site, monkeypatch):
+    before = tree_digest(site)
+    real_replace, calls = os.replace, []
+
+    def failing_replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(unilab_patch.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        unilab_patch.apply(site)
+    monkeypatch.undo()
+    assert tree_digest(site) == before  # the first file was restored: all or nothing
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="no `patch` program")
+def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
+    other = copy_unilab(tmp_path / "other")
+    unilab_patch.apply(site, include_optional=True)
+    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch"):
+        subprocess.run(["patch", "-p1", "-s", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
+    assert tree_digest(other) == tree_digest(site)
+
+
+# ------------------------------------------------------------------ adapter
+def _unilab_kwargs(**overrides):
+    kwargs = dict(
+        obs_dim=98, action_dim=29, critic_obs_dim=101, gamma=0.97, tau=0.05, actor_lr=3e-4, critic_lr=3e-4,
+        actor_hidden_dim=32, critic_hidden_dim=64, num_atoms=101, obs_normalization=False, actor_num_blocks=2,
+        critic_num_blocks=2, critic_min_v=-5.0, critic_max_v=5.0, temp_initial_value=0.01, temp_target_sigma=0.15,
+        temp_target_entropy=None, actor_bc_alpha=0.0, actor_noise_zeta_mu=2.0, actor_noise_zeta_max=16,
+        learning_rate_init=3e-4, learning_rate_peak=3e-4, learning_rate_end=1.5e-4, learning_rate_warmup_steps=0,
+        learning_rate_decay_steps=500000, normalize_reward=True, normalized_g_max=5.0, n_step=1, use_amp=True,
+        amp_dtype="auto", use_compile=True, compile_full_objectives=None, use_whole_cycle_cuda_graph=None,
+        dp_whole_cycle_cuda_graph=False, actor_normalize_parameters=True, critic_normalize_parameters=True,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def test_adapter_serves_the_runner_surface_and_stock_unilab_loads_its_checkpoint(require_unilab, tmp_path):
+    from unilab.rl.algos.flash_sac.learner import FlashSACLearner as UniLabLearner
+    from unilab.rl.algos.flash_sac.network import FlashSACActor as UniLabActor
+    from unilab.rl.logging.metric_schema import normalize_metric_map
+
+    from flashsac_opt.oracle import synthetic_batch
+    from flashsac_opt.unilab_adapter import build_unilab_learner
+
+    learner = build_unilab_learner(device="cpu", learner_mode="eager", **_unilab_kwargs())
+    g = torch.Generator().manual_seed(0)
+    learner.update_reward_stats(torch.randn(2, 16), torch.zeros(2, 16))
+    batch = synthetic_batch(64, 98, 101, 29, generator=g)
+    assert learner.use_update_cycle
+    learner.update_cycle(batch, updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    metrics = learner.read_deferred_cycle_metrics()
+    assert set(metrics) == {"Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature"}
+    normalize_metric_map(metrics)  # UniLab's logger accepts every name
+    # per-update path, as the runner drives it without the whole cycle
+    b = {k: v[:32] for k, v in batch.items()}
+    assert set(learner.update_critic(b, read_metrics=True)) == {"Loss/critic", "Train/reward_scale_std"}
+    assert learner.update_actor(b, read_metrics=False) == {}
+    learner.soft_update_target()
+    assert set(learner.read_deferred_actor_metrics()) == {"Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature"}
+    actions = learner.actor.explore(batch["obs"][:16], dones=torch.zeros(16))
+    assert actions.shape == (16, 29) and actions.abs().max() <= 1
+    assert learner.inference_startup_memory_categories(16) == {"persistent_exploration_scratch": 16 * (29 * 4 + 8)}
+    learner.update_count = 3
+    path = tmp_path / "model_3.pt"
+    torch.save(learner.get_state_dict(), path)
+    state = torch.load(path, weights_only=True)  # what UniLab's play/eval does
+    stock = UniLabLearner(**_unilab_kwargs(use_amp=False, use_compile=False), device="cpu")
+    stock.load_state_dict(state)
+    actor = UniLabActor(num_blocks=2, input_dim=98, hidden_dim=32, action_dim=29)
+    actor.load_state_dict(state["actor"])  # strict: same key names as UniLab's actor
+    obs = batch["obs"][:8]
+    torch.testing.assert_close(actor.explore(obs, deterministic=True), learner.actor.explore(obs, deterministic=True))
+    resumed = build_unilab_learner(device="cpu", learner_mode="eager", **_unilab_kwargs())
+    resumed.load_state_dict(state)
+    assert resumed.update_count == 3 and resumed.learner.iterations == learner.learner.iterations
+    assert torch.equal(resumed.learner.critic.params, learner.learner.critic.params)
+
+
+def test_adapter_rejects_what_it_does_not_support(require_unilab):
+    from flashsac_opt.unilab_adapter import build_unilab_learner
+
+    with pytest.raises(ValueError, match="learner_mode=graph needs a CUDA device"):
+        build_unilab_learner(device="cpu", learner_mode="graph", **_unilab_kwargs())
+    with pytest.raises(ValueError, match="built-in FlashSAC actor"):
+        build_unilab_learner(device="cpu", learner_mode="eager", actor_config={"builder": "x:y"}, **_unilab_kwargs())
+    with pytest.raises(ValueError, match="does not know"):
+        build_unilab_learner(device="cpu", learner_mode="eager", **_unilab_kwargs(some_new_knob=1))
+
+
+# ------------------------------------------------------------------ real training
+def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
+    """`train --algo flashsac --task g1_walk_flat --sim mujoco`, 16 envs, CPU, patched UniLab."""
+    unilab_patch.apply(site, include_optional=True)
+    scene = add_g1_placeholders(site / "unilab")
+    logs = tmp_path / "logs"
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled")
+    overrides = [
+        "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", "algo.max_iterations=6",
+        "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
+        "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
+    ]
+    code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    run_dirs = glob.glob(str(logs / "G1WalkFlat" / "*"))
+    assert run_dirs, log[-3000:]
+    run = Path(run_dirs[0])
+    checkpoint = run / "model_6.pt"
+    assert checkpoint.is_file() and (run / "model_3.pt").is_file(), log[-3000:]
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"Loss/critic", "Loss/actor", "Policy/temperature", "Perf/learning_time"} <= tags
+    assert all(torch.isfinite(torch.tensor(e.value)) for e in events.Scalars("Loss/critic"))
