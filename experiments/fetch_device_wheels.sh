@@ -16,10 +16,10 @@ get() {
 get unilab==1.5.2 omegaconf==2.4.0
 if [[ "${1:-}" == "--training" ]]; then
   # UniLab's minimal training set (../shared/reference/unilab.md), minus what the image has.
-  get unisim-core==2.2.0 mujoco==3.11.0 mjbatch-uni==0.2.5 hydra-core==1.3.2 gymnasium==1.4.0 \
+  get unisim-core==2.2.0 mujoco==3.11.0 mjbatch-uni==0.2.5 hydra-core==1.3.8 gymnasium==1.4.0 \
       farama-notifications cloudpickle glfw prettytable wcwidth
   # hydra-core needs antlr4 4.9.3, which has no wheel on PyPI: build one here.
   python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
-  rm -f .whl/omegaconf-2.4.0-*.whl && get omegaconf==2.3.0
+  rm -f .whl/omegaconf-2.4.0-*.whl && get omegaconf==2.3.1
 fi
 ls -la .whl
