@@ -189,8 +189,9 @@ def test_gpu_iteration_has_no_host_sync(mode):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        learner.update(data[3])
-        learner.update(data[4])
+        with torch._dynamo.config.patch(error_on_recompile=True):  # and no recompiles either
+            learner.update(data[3])
+            learner.update(data[4])
     finally:
         torch.cuda.set_sync_debug_mode(0)
     metrics = learner.read_metrics()  # the one D2H copy of the iteration
