@@ -97,6 +97,30 @@ class _FlatNetwork(nn.Module):
     layout: FlatLayout
     renorm_groups: list[tuple[str, str, str, int]]
 
+    bn_stats: torch.Tensor
+    params: nn.Parameter
+    stats_layout: FlatLayout
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Orthogonal weight matrices (per ensemble member), BN/RMS scales 1, biases 0."""
+        matrices = set()
+        for kind, first, last, _count in self.renorm_groups:
+            if kind == "rows":
+                names = self.layout.names()
+                matrices.update(names[names.index(first) : names.index(last) + 1])
+        for name, v in self.layout.views(self.params.data).items():
+            if name in matrices:
+                for matrix in v.reshape(-1, *v.shape[-2:]):
+                    nn.init.orthogonal_(matrix)
+            elif name.endswith("bias"):
+                v.zero_()
+            else:
+                v.fill_(1.0)
+        for name, v in self.stats_layout.views(self.bn_stats).items():
+            v.fill_(1.0 if name.endswith(".var") else 0.0)
+        self.params.data.copy_(self.renormalized(self.params.data))
+
     def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
         """Post-step renormalization of a flat parameter tensor (returns a new tensor).
 
@@ -158,20 +182,6 @@ class FlashSACActor(_FlatNetwork):
         self._held_noise: torch.Tensor | None = None
         self._hold_count: torch.Tensor | None = None
         self._hold_target: torch.Tensor | None = None
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        views = self.layout.views(self.params.data)
-        for name, v in views.items():
-            if v.dim() == 2 and not name.endswith("bias"):
-                nn.init.orthogonal_(v)
-            elif name.endswith("bias"):
-                v.zero_()
-            else:
-                v.fill_(1.0)
-        for name, v in self.stats_layout.views(self.bn_stats).items():
-            v.fill_(1.0 if name.endswith(".var") else 0.0)
-        self.params.data.copy_(self.renormalized(self.params.data))
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"], p[f"{name}.bias"]
@@ -311,20 +321,6 @@ class FlashSACCritic(_FlatNetwork):
         self.register_buffer("bn_stats", torch.zeros(self.stats_layout.numel))
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms), persistent=False)
         self.reset_parameters()
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        for name, v in self.layout.views(self.params.data).items():
-            if v.dim() == 3:
-                for member in v:
-                    nn.init.orthogonal_(member)
-            elif name.endswith("bias"):
-                v.zero_()
-            else:
-                v.fill_(1.0)
-        for name, v in self.stats_layout.views(self.bn_stats).items():
-            v.fill_(1.0 if name.endswith(".var") else 0.0)
-        self.params.data.copy_(self.renormalized(self.params.data))
 
     @staticmethod
     def _bn(x, p, s, name, training, new_stats):

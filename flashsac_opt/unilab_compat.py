@@ -18,58 +18,39 @@ from flashsac_opt.learner import STATE_FORMAT, FlashSACLearner
 UNILAB_ACTOR_BUILDER = "unilab.rl.algos.flash_sac.network:FlashSACActor"
 
 
-def _actor_names(num_blocks: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(param pairs, stat pairs) as (flashsac_opt slot, UniLab key), in UniLab state-dict order."""
-    params = [("in_bn.weight", "embedder.norm.weight"), ("in_bn.bias", "embedder.norm.bias"), ("in_proj", "embedder.w.w.weight")]
+def _unilab_names(num_blocks: int, kind: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(param pairs, stat pairs) as (flashsac_opt slot, UniLab key), in UniLab parameter order.
+
+    UniLab's actor wraps each linear in a UnitLinear (``w.w.weight``); its ensemble critic
+    holds the weight directly (``w.weight``).
+    """
+    linear = ".w.weight" if kind == "actor" else ".weight"
+    params = [("in_bn.weight", "embedder.norm.weight"), ("in_bn.bias", "embedder.norm.bias"), ("in_proj", "embedder.w" + linear)]
     stats = [("in_bn.mean", "embedder.norm.running_mean"), ("in_bn.var", "embedder.norm.running_var")]
     for i in range(num_blocks):
         ours, theirs = f"block{i}", f"encoder.{i}"
+        for layer, norm, unilab_layer, unilab_norm in (("up", "up_bn", "w1", "norm1"), ("down", "down_bn", "w2", "norm2")):
+            params += [
+                (f"{ours}.{layer}", f"{theirs}.{unilab_layer}{linear}"),
+                (f"{ours}.{norm}.weight", f"{theirs}.{unilab_norm}.weight"),
+                (f"{ours}.{norm}.bias", f"{theirs}.{unilab_norm}.bias"),
+            ]
+            stats += [
+                (f"{ours}.{norm}.mean", f"{theirs}.{unilab_norm}.running_mean"),
+                (f"{ours}.{norm}.var", f"{theirs}.{unilab_norm}.running_var"),
+            ]
+    params.append(("out_rms", "post_norm.weight"))
+    # nn.Module lists a module's own parameters before its children's: the heads' biases
+    # come before their weight matrices in UniLab's parameter (and optimizer-state) order.
+    if kind == "actor":
         params += [
-            (f"{ours}.up", f"{theirs}.w1.w.weight"),
-            (f"{ours}.up_bn.weight", f"{theirs}.norm1.weight"),
-            (f"{ours}.up_bn.bias", f"{theirs}.norm1.bias"),
-            (f"{ours}.down", f"{theirs}.w2.w.weight"),
-            (f"{ours}.down_bn.weight", f"{theirs}.norm2.weight"),
-            (f"{ours}.down_bn.bias", f"{theirs}.norm2.bias"),
+            ("mean.bias", "predictor.mean_bias"),
+            ("log_std.bias", "predictor.std_bias"),
+            ("mean.weight", "predictor.mean_w.w.weight"),
+            ("log_std.weight", "predictor.std_w.w.weight"),
         ]
-        stats += [
-            (f"{ours}.up_bn.mean", f"{theirs}.norm1.running_mean"),
-            (f"{ours}.up_bn.var", f"{theirs}.norm1.running_var"),
-            (f"{ours}.down_bn.mean", f"{theirs}.norm2.running_mean"),
-            (f"{ours}.down_bn.var", f"{theirs}.norm2.running_var"),
-        ]
-    # nn.Module lists a module's own parameters before its children's: the head's biases
-    # come before its weight matrices in UniLab's parameter (and optimizer-state) order.
-    params += [
-        ("out_rms", "post_norm.weight"),
-        ("mean.bias", "predictor.mean_bias"),
-        ("log_std.bias", "predictor.std_bias"),
-        ("mean.weight", "predictor.mean_w.w.weight"),
-        ("log_std.weight", "predictor.std_w.w.weight"),
-    ]
-    return params, stats
-
-
-def _critic_names(num_blocks: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    params = [("in_bn.weight", "embedder.norm.weight"), ("in_bn.bias", "embedder.norm.bias"), ("in_proj", "embedder.w.weight")]
-    stats = [("in_bn.mean", "embedder.norm.running_mean"), ("in_bn.var", "embedder.norm.running_var")]
-    for i in range(num_blocks):
-        ours, theirs = f"block{i}", f"encoder.{i}"
-        params += [
-            (f"{ours}.up", f"{theirs}.w1.weight"),
-            (f"{ours}.up_bn.weight", f"{theirs}.norm1.weight"),
-            (f"{ours}.up_bn.bias", f"{theirs}.norm1.bias"),
-            (f"{ours}.down", f"{theirs}.w2.weight"),
-            (f"{ours}.down_bn.weight", f"{theirs}.norm2.weight"),
-            (f"{ours}.down_bn.bias", f"{theirs}.norm2.bias"),
-        ]
-        stats += [
-            (f"{ours}.up_bn.mean", f"{theirs}.norm1.running_mean"),
-            (f"{ours}.up_bn.var", f"{theirs}.norm1.running_var"),
-            (f"{ours}.down_bn.mean", f"{theirs}.norm2.running_mean"),
-            (f"{ours}.down_bn.var", f"{theirs}.norm2.running_var"),
-        ]
-    params += [("out_rms", "post_norm.weight"), ("logits.bias", "predictor.logit_bias"), ("logits.weight", "predictor.logit_w.weight")]
+    else:
+        params += [("logits.bias", "predictor.logit_bias"), ("logits.weight", "predictor.logit_w.weight")]
     return params, stats
 
 
@@ -174,7 +155,7 @@ def to_unilab_state_dict(learner: FlashSACLearner, *, capturable: bool | None = 
     fused = cuda if fused is None else fused
     ours = learner.state_dict()
     cfg = learner.cfg
-    a_names, c_names = _actor_names(cfg.actor_num_blocks), _critic_names(cfg.critic_num_blocks)
+    a_names, c_names = _unilab_names(cfg.actor_num_blocks, "actor"), _unilab_names(cfg.critic_num_blocks, "critic")
     sched = learner.schedule
     peak = cfg.peak_lr
     out: dict[str, Any] = {
@@ -220,7 +201,7 @@ def from_unilab_state_dict(learner: FlashSACLearner, unilab_sd: dict[str, Any]) 
     if semantics is not None and semantics != expected:
         raise ValueError(f"UniLab checkpoint actor semantics {semantics} do not match this learner ({expected})")
     cfg, device = learner.cfg, learner.device
-    a_names, c_names = _actor_names(cfg.actor_num_blocks), _critic_names(cfg.critic_num_blocks)
+    a_names, c_names = _unilab_names(cfg.actor_num_blocks, "actor"), _unilab_names(cfg.critic_num_blocks, "critic")
     state = learner.state_dict()
     actor = _network_from_unilab(unilab_sd["actor"], learner.actor.layout, learner.actor.stats_layout, a_names, device)
     state["actor"].update(actor)
