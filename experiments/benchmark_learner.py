@@ -197,20 +197,19 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
     built = time.perf_counter()
     run(first)
     cold = time.perf_counter() - start
-    warm_times = []
-    for _ in range(warmup):
-        b = pool.sample(rows)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        metrics = run(b)
-        warm_times.append(time.perf_counter() - t0)
-    times = []
-    for _ in range(iters):
-        b = pool.sample(rows)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        metrics = run(b)
-        times.append((time.perf_counter() - t0) * 1e3)
+    def timed(n: int) -> tuple[list[float], dict]:
+        """ms per iteration; each batch is sampled and synchronized before the clock starts."""
+        out, metrics = [], {}
+        for _ in range(n):
+            b = pool.sample(rows)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            metrics = run(b)
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out, metrics
+
+    warm_ms, _ = timed(warmup)
+    times, metrics = timed(iters)
     cell = {
         "variant": variant,
         "workload": wname,
@@ -218,7 +217,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
         "construct_s": built - start,
         "cold_start_s": cold,
         "warmup_iterations": warmup,
-        "warmup_ms": [t * 1e3 for t in warm_times],
+        "warmup_ms": warm_ms,
         "iterations": iters,
         "ms_median": statistics.median(times),
         "ms_p90": percentile(times, 0.9),

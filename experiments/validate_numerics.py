@@ -43,6 +43,15 @@ def environment(device: str) -> dict:
     return env
 
 
+def finish(report: dict, output: Path | None, console) -> int:
+    """Write the JSON (if asked) and turn pass/fail into the exit status."""
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=1))
+        console.print(f"wrote {output}")
+    return 0 if report["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -148,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "yes" if c["passed"] else "NO",
         )
     console.print(table)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(report, indent=1))
-        console.print(f"wrote {args.output}")
-    return 0 if report["passed"] else 1
+    return finish(report, args.output, console)
 
 
 def compare_modes_main(args: argparse.Namespace) -> int:
@@ -204,11 +209,7 @@ def compare_modes_main(args: argparse.Namespace) -> int:
         for name, f in c["final"].items():
             table.add_row(str(c["updates_per_step"]), name, *(f"{f[k]:.2e}" for k in ("actor", "critic", "target_critic", "losses")))
     console.print(table)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(report, indent=1))
-        console.print(f"wrote {args.output}")
-    return 0 if report["passed"] else 1
+    return finish(report, args.output, console)
 
 
 if __name__ == "__main__":
