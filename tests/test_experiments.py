@@ -1,0 +1,55 @@
+"""Command-line handling and JSON schema of the experiments (CPU)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(script, *args):
+    return subprocess.run([sys.executable, str(REPO / "experiments" / script), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_benchmark_rejects_bad_options_and_needs_cuda():
+    bad = run("benchmark_learner.py", "--workloads", "W9")
+    assert bad.returncode == 2 and "invalid choice: 'W9'" in bad.stderr
+    if not torch.cuda.is_available():
+        no_gpu = run("benchmark_learner.py", "--workloads", "W1")
+        assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr
+        assert "Traceback" not in no_gpu.stderr
+
+
+def test_benchmark_plot_only_redraws_a_committed_result(tmp_path):
+    source = REPO / "results" / "benchmark_learner_W1_side_by_side.json"
+    out = tmp_path / "chart.png"
+    done = run("benchmark_learner.py", "--plot-only", str(source), "--plot", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_validate_numerics_writes_its_schema(tmp_path, require_unilab):
+    out = tmp_path / "numerics.json"
+    done = run("validate_numerics.py", "--iterations", "2", "--batch-size", "8", "--updates-per-step", "2",
+               "--normalize-reward", "on", "--output", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["passed"] is True and report["tolerance_rel"] == 1e-5
+    case = report["cases"][0]
+    assert len(case["per_update_loss_rel"]) == 4
+    assert {"max_abs", "max_rel"} <= set(case["per_tensor"]["critic.predictor.logit_w.weight"])
+    assert {"date", "torch", "device", "unilab"} <= set(report["environment"])
+
+
+def test_validate_numerics_argument_errors():
+    for args, message in (
+        (["--dtype", "bf16"], "needs --device cuda"),
+        (["--iterations", "0"], "--iterations must be >= 1"),
+        (["--compare-modes", "graph"], "needs --device cuda"),
+    ):
+        done = run("validate_numerics.py", *args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
