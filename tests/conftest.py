@@ -1,7 +1,11 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,3 +24,11 @@ def require_unilab():
         if os.environ.get("FLASHSAC_REQUIRE_UNILAB") == "1":
             pytest.fail(f"UniLab is required here but not importable: {exc}")
         pytest.skip("UniLab 1.5.2 not installed (pip install 'flashsac-opt[unilab]')")
+
+
+@pytest.fixture
+def site(tmp_path, require_unilab):
+    """A private copy of the installed UniLab 1.5.2 (package + dist-info) to patch freely."""
+    from unilab_tree import copy_unilab
+
+    return copy_unilab(tmp_path / "site")

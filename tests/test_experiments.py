@@ -53,3 +53,33 @@ def test_validate_numerics_argument_errors():
     ):
         done = run("validate_numerics.py", *args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def test_training_benchmark_refuses_an_unpatched_unilab(site, tmp_path):
+    done = run("benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--output", str(tmp_path / "x.json"))
+    assert done.returncode == 2 and "not patched for flashsac_opt" in done.stderr and "Traceback" not in done.stderr
+    assert run("benchmark_flashsac_training.py", "--num-envs", "0", "--output", "x").returncode == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is what CI exercises")
+def test_training_benchmark_tiny_cpu_run(site, tmp_path):
+    """A real (tiny) G1 training through the CPU-admitting patch; checks the JSON schema."""
+    from flashsac_opt import unilab_patch
+    from unilab_tree import add_g1_placeholders
+
+    unilab_patch.apply(site, include_optional=True)
+    add_g1_placeholders(site / "unilab")
+    out = tmp_path / "training.json"
+    done = run(
+        "benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--mode", "eager",
+        "--num-envs", "16", "--batch-size", "32", "--iterations", "5", "--summary-last", "3",
+        "--learning-starts", "2", "--replay-buffer-n", "8", "--log-root", str(tmp_path / "logs"), "--output", str(out),
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert len(report["rows"]) == 3 and len(report["rows_all"]) >= 3
+    for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms"):
+        assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
+    assert report["training_config"]["critic_updates_per_iteration"] == 2
+    assert report["training_config"]["actor_updates_per_iteration"] == 1
+    assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"

@@ -14,8 +14,7 @@ import torch
 from flashsac_opt import unilab_patch
 from flashsac_opt.cli import main as cli_main
 
-sys.path.insert(0, str(Path(__file__).parent))
-from unilab_tree import add_g1_placeholders, copy_unilab  # noqa: E402
+from unilab_tree import add_g1_placeholders, copy_unilab
 
 pytestmark = pytest.mark.unilab
 REPO = Path(__file__).resolve().parents[1]
@@ -23,11 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def tree_digest(base: Path) -> dict[str, str]:
     return {str(p.relative_to(base)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((base / "unilab").rglob("*")) if p.is_file()}
-
-
-@pytest.fixture
-def site(tmp_path, require_unilab):
-    return copy_unilab(tmp_path / "site")
 
 
 @pytest.fixture

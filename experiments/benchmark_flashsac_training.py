@@ -1,0 +1,265 @@
+"""Real UniLab FlashSAC training (MuJoCo or Motrix) with UniLab's or flashsac_opt's learner.
+
+Runs UniLab's own `train --algo flashsac` (its live Rich panel stays on the terminal), then
+reads the run's TensorBoard events and writes JSON:
+
+- rows_all: every iteration's learner_train_ms (UniLab's Perf/learning_time: update phase,
+  metrics read and stream sync), collector_cycle_ms (the collector's cycle phases, as UniLab's
+  panel sums them), iter_ms (Perf/iteration_time: runner iteration wall time) and reward;
+- rows: the summarized tail (--summary-last N, or all after --skip-first N);
+- learner_train_ms / collector_cycle_ms / iter_ms: mean, median, p90, p95 over `rows`;
+- training_config: critic, actor and temperature updates per iteration; environment; command.
+
+    python experiments/benchmark_flashsac_training.py --learner flashsac_opt --mode graph \\
+        --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
+        --output results/training_u8_flashsac_opt_graph.json
+
+`--learner flashsac_opt` needs a patched UniLab (`flashsac-opt unilab apply [--root PATH]`).
+`--compile` (default) runs each learner's best mode (UniLab: its default whole-cycle graph;
+flashsac_opt: graph); `--no-compile` is the deferred-eager baseline; `--mode` picks exactly.
+Without CUDA the run uses the CPU (needs `flashsac-opt unilab apply --with-cpu-smoke`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
+# that private table cannot be imported.
+FALLBACK_CYCLE_KEYS = ("inference_request_ms", "learner_action_wait_ms", "env_step_ms", "transition_extract_ms", "replay_write_ms", "metrics_publish_ms")
+
+
+def fail(message: str) -> None:
+    print(f"benchmark_flashsac_training: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def summarize(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        k = (len(ordered) - 1) * p
+        lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p90": q(0.9), "p95": q(0.95), "count": len(values)}
+
+
+def overrides_for(args: argparse.Namespace, log_root: Path, scene: str | None) -> list[str]:
+    out = [
+        f"algo.num_envs={args.num_envs}",
+        f"algo.batch_size={args.batch_size}",
+        f"algo.replay_buffer_n={args.replay_buffer_n}",
+        f"algo.learning_starts={args.learning_starts}",
+        f"algo.updates_per_step={args.updates_per_step}",
+        f"algo.policy_frequency={args.policy_frequency}",
+        f"algo.max_iterations={args.iterations}",
+        f"algo.save_interval={max(args.iterations, 1)}",
+        f"algo.seed={args.seed}",
+        "training.no_play=true",
+        "training.log_interval=1",
+        f"training.log_root={log_root}",
+    ]
+    if args.learner == "unilab":
+        flags = {
+            "eager": ("false", "false", "false"),
+            "compile": ("true", "true", "false"),
+            "graph": ("true", "true", "true"),
+        }[args.mode]
+        out += [
+            f"algo.algo_params.use_compile={flags[0]}",
+            f"algo.algo_params.compile_full_objectives={flags[1]}",
+            f"algo.algo_params.use_whole_cycle_cuda_graph={flags[2]}",
+        ]
+    else:
+        out += ["algo.algo_params.learner_impl=flashsac_opt", f"algo.algo_params.learner_mode={args.mode}"]
+    if scene:
+        out.append(f"env.scene.model_file={scene}")
+    return out + list(args.override)
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    try:
+        from unilab.rl.logging.offpolicy import _OFFPOLICY_COLLECTOR_CYCLE_KEYS as cycle_keys  # noqa: PLC2701
+    except ImportError:
+        cycle_keys = FALLBACK_CYCLE_KEYS
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+
+    def series(tag: str) -> dict[int, float]:
+        return {e.step: e.value for e in events.Scalars(tag)} if tag in tags else {}
+
+    learn, iteration = series("Perf/learning_time"), series("Perf/iteration_time")
+    reward, it_index = series("Train/mean_reward"), series("Train/iteration")
+    cycle_parts = [series(f"Perf/collector_{k}") for k in cycle_keys]
+    rows = []
+    for step in sorted(learn):
+        row = {"env_steps": step, "learner_train_ms": learn[step] * 1e3}
+        if step in it_index:
+            row["iteration"] = int(it_index[step])
+        if step in iteration:
+            row["iter_ms"] = iteration[step] * 1e3
+        if cycle_parts and all(step in part for part in cycle_parts):
+            row["collector_cycle_ms"] = sum(part[step] for part in cycle_parts)
+        if step in reward:
+            row["reward"] = reward[step]
+        rows.append(row)
+    return rows
+
+
+def environment(device: str) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
+    }
+    for dist in ("unilab", "flashsac-opt", "mujoco"):
+        try:
+            env[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            env[dist] = None
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--unilab-root", help="UniLab checkout or package dir (default: the installed unilab)")
+    parser.add_argument("--backend", choices=["mujoco", "motrix"], default="mujoco")
+    parser.add_argument("--task", default="g1_walk_flat")
+    parser.add_argument("--iterations", type=int, default=1000)
+    tail = parser.add_mutually_exclusive_group()
+    tail.add_argument("--summary-last", type=int, default=500, help="summarize the last N iterations")
+    tail.add_argument("--skip-first", type=int, help="summarize everything after the first N iterations")
+    parser.add_argument("--num-envs", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--replay-buffer-n", type=int, default=32)
+    parser.add_argument("--learning-starts", type=int, default=8)
+    parser.add_argument("--updates-per-step", type=int, default=2)
+    parser.add_argument("--policy-frequency", type=int, default=2)
+    parser.add_argument("--compile", dest="compile", action="store_true", default=True, help="best mode of the learner (default)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="deferred-eager baseline (--mode eager)")
+    parser.add_argument("--learner", choices=["unilab", "flashsac_opt"], default="unilab")
+    parser.add_argument("--mode", choices=["eager", "compile", "graph"], help="learner mode (default: graph with --compile, eager with --no-compile)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--model-file", help="override env.scene.model_file (needed with an installed UniLab: the absolute path of scene_flat.xml)")
+    parser.add_argument("--log-root", type=Path, help="where UniLab writes the run (default: a temp dir)")
+    parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    for name in ("iterations", "num_envs", "batch_size", "updates_per_step", "policy_frequency", "replay_buffer_n"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.mode = args.mode or ("graph" if args.compile else "eager")
+
+    from flashsac_opt import unilab_patch
+
+    try:
+        base = unilab_patch.locate_unilab(args.unilab_root)
+        report = unilab_patch.status(args.unilab_root)
+    except unilab_patch.PatchError as exc:
+        fail(str(exc))
+    states = {p["name"]: p["state"] for p in report["patches"]}
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    root_hint = f" --root {args.unilab_root}" if args.unilab_root else ""
+    if args.learner == "flashsac_opt" and states.get("0001-flashsac-opt-learner") != "applied":
+        fail(f"UniLab at {report['unilab_dir']} is not patched for flashsac_opt: run `flashsac-opt unilab apply{root_hint}`")
+    if device == "cpu":
+        if states.get("0002-cpu-offpolicy-smoke") != "applied":
+            fail(f"no CUDA device, and UniLab refuses CPU off-policy runs: run `flashsac-opt unilab apply --with-cpu-smoke{root_hint}`")
+        if args.mode == "graph":
+            fail("no CUDA device: --mode graph needs one (use --mode eager or compile)")
+
+    log_root = args.log_root or Path(tempfile.mkdtemp(prefix="flashsac_training_"))
+    scene = args.model_file
+    if scene is None and args.task.startswith("g1"):
+        # The task config's model_file is relative to a source checkout's root; an absolute
+        # path works for a checkout and for an installed package alike.
+        scene = str(base / "unilab" / "assets" / "robots" / "g1" / "scene_flat.xml")
+    overrides = overrides_for(args, log_root, scene)
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(base), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
+    command = [sys.executable, "-c", code, "--algo", "flashsac", "--task", args.task, "--sim", args.backend, *overrides]
+    # UniLab's Rich panel goes straight to this terminal: the run's progress display.
+    proc = subprocess.run(command, env=env)
+    runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
+    if proc.returncode != 0 or not runs:
+        fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {proc.returncode})")
+    run_dir = runs[-1].parent
+    rows_all = read_rows(run_dir)
+    if args.skip_first is not None:
+        rows = rows_all[args.skip_first :]
+    else:
+        rows = rows_all[-args.summary_last :] if args.summary_last > 0 else rows_all
+    u, pf = args.updates_per_step, args.policy_frequency
+    actor_updates = len(range(0, u, pf))
+    result = {
+        "experiment": "benchmark_flashsac_training",
+        "learner": args.learner,
+        "mode": args.mode,
+        "backend": args.backend,
+        "task": args.task,
+        "run_dir": str(run_dir),
+        "training_config": {
+            "num_envs": args.num_envs,
+            "batch_size": args.batch_size,
+            "iterations": args.iterations,
+            "updates_per_step": u,
+            "policy_frequency": pf,
+            "critic_updates_per_iteration": u,
+            "actor_updates_per_iteration": actor_updates,
+            "temperature_updates_per_iteration": actor_updates,
+            "replay_buffer_n": args.replay_buffer_n,
+            "learning_starts": args.learning_starts,
+            "seed": args.seed,
+        },
+        "summary": {"skip_first": args.skip_first, "summary_last": None if args.skip_first is not None else args.summary_last},
+        "timed": {
+            "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
+            "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",
+            "iter_ms": "UniLab Perf/iteration_time: runner iteration wall time",
+        },
+        "learner_train_ms": summarize([r["learner_train_ms"] for r in rows]),
+        "collector_cycle_ms": summarize([r["collector_cycle_ms"] for r in rows if "collector_cycle_ms" in r]),
+        "iter_ms": summarize([r["iter_ms"] for r in rows if "iter_ms" in r]),
+        "rows_all": rows_all,
+        "rows": rows,
+        "environment": environment(device),
+        "unilab_patches": states,
+        "command": " ".join(["python", *sys.argv]),
+        "unilab_command": " ".join(command[3:]),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1))
+    lt = result["learner_train_ms"] or {}
+    print(f"{args.learner}/{args.mode}: learner {lt.get('median', float('nan')):.2f} ms median over {len(rows)} iterations -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
