@@ -182,7 +182,7 @@ def compare_modes_main(args: argparse.Namespace) -> int:
         )
         with Progress(console=console) as progress:
             task = progress.add_task(f"modes {modes} updates_per_step={u}", total=args.iterations)
-            curves = compare_modes(cfg, modes, args.iterations, G1_DIMS, args.device, args.seed, lambda _: progress.advance(task))
+            curves = compare_modes(cfg, modes, args.iterations, G1_DIMS, args.device, args.seed, lambda *_: progress.advance(task))
         final = {name: {k: v[-1] for k, v in c.items()} for name, c in curves.items()}
         # A mode passes when it stays within 10x of the rounding floor (or 1e-6).
         passed = {

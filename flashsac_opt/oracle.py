@@ -216,6 +216,7 @@ def compare_modes(
     device: str = "cpu",
     seed: int = 0,
     on_iteration=None,
+    batch_source=None,
 ) -> dict[str, dict]:
     """Drift of each learner_mode from eager, iteration by iteration, next to a rounding floor.
 
@@ -224,6 +225,9 @@ def compare_modes(
     how far two runs that differ only by rounding drift apart (Adam turns rounding in
     near-zero gradients into +-lr steps). Returns per mode: per-iteration norm-relative
     differences of the actor/critic/target parameters and of the iteration's losses.
+
+    ``batch_source(iteration) -> large batch`` replaces the synthetic batches (e.g. real
+    replay rows); ``on_iteration(iteration, learners)`` sees every learner after each step.
     """
     def build(mode: str) -> FlashSACLearner:
         torch.manual_seed(seed)
@@ -244,12 +248,16 @@ def compare_modes(
         return float((a.double() - b.double()).norm() / b.double().norm())
 
     for it in range(iterations):
-        batch = synthetic_batch(rows, generator=data, device=device, **dims)
-        rewards = torch.randn(1, 16, generator=data).to(device)
-        dones = (torch.rand(1, 16, generator=data) < 0.05).float().to(device)
+        if batch_source is None:
+            batch = synthetic_batch(rows, generator=data, device=device, **dims)
+            rewards = torch.randn(1, 16, generator=data).to(device)
+            dones = (torch.rand(1, 16, generator=data) < 0.05).float().to(device)
+        else:
+            batch = batch_source(it)
         tables = {}
         for name, learner in learners.items():
-            learner.update_reward_stats(rewards, dones)
+            if batch_source is None:
+                learner.update_reward_stats(rewards, dones)
             torch.manual_seed(seed * 100_003 + it)
             learner.update(batch)
             tables[name] = learner.update_metrics_table()[:-1, [COL["critic_loss"], COL["actor_loss"]]]
@@ -260,5 +268,5 @@ def compare_modes(
                 curve[net].append(rel(getattr(other, net).params.detach(), getattr(ref, net).params.detach()))
             curve["losses"].append(rel(tables[name], tables["eager"]))
         if on_iteration is not None:
-            on_iteration(it)
+            on_iteration(it, learners)
     return curves

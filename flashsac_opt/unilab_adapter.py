@@ -19,6 +19,8 @@ Metric names are UniLab's registered tags only: UniLab's logger rejects any othe
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +29,9 @@ from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.unilab_compat import from_unilab_state_dict, to_unilab_state_dict
 
+# Set to "PATH:N" to save the first N large batches the runtime hands to update_cycle (real
+# replay samples, moved to CPU) to PATH: the input of experiments/validate_replay_stability.py.
+RECORD_REPLAY_ENV = "FLASHSAC_OPT_RECORD_REPLAY"
 UNILAB_CYCLE_METRICS = ("Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature")
 # UniLab learner kwargs that flashsac_opt has no use for (its own compile/graph flags).
 _IGNORED = {"actor_lr", "critic_lr", "use_compile", "compile_full_objectives", "use_whole_cycle_cuda_graph", "dp_whole_cycle_cuda_graph"}
@@ -78,6 +83,7 @@ class UniLabFlashSACLearner:
         self.use_compile = learner_mode != "eager"
         self.compile_backend = self.cfg.compile_backend if self.use_compile else "eager"
         self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
+        self._recorder = ReplayRecorder.from_env()
 
     # ------------------------------------------------------------ whole cycle
     @property
@@ -100,6 +106,8 @@ class UniLabFlashSACLearner:
         read_metrics: bool = False,
     ) -> None:
         del read_metrics  # metrics are always deferred to read_deferred_cycle_metrics
+        if self._recorder is not None:
+            self._recorder.add(large_batch)
         self._set_schedule(target_frequency, policy_before_critic)
         self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
 
@@ -187,3 +195,31 @@ class UniLabFlashSACLearner:
         if extra:
             self.learner.iterations = int(extra["iterations"])
             self.learner.totals.copy_(extra["skipped_totals"])
+
+
+class ReplayRecorder:
+    """Saves the first N large batches of a real run (see RECORD_REPLAY_ENV)."""
+
+    def __init__(self, path: Path, count: int):
+        self.path, self.count = path, count
+        self.batches: list[dict[str, torch.Tensor]] = []
+
+    @classmethod
+    def from_env(cls) -> "ReplayRecorder | None":
+        spec = os.environ.get(RECORD_REPLAY_ENV)
+        if not spec:
+            return None
+        path, _, count = spec.rpartition(":")
+        if not path or not count.isdigit():
+            raise ValueError(f"{RECORD_REPLAY_ENV} must be PATH:N, got {spec!r}")
+        return cls(Path(path), int(count))
+
+    def add(self, batch: dict[str, torch.Tensor]) -> None:
+        if len(self.batches) >= self.count:
+            return
+        # The runtime reuses these buffers next tick: copy now.
+        self.batches.append({k: v.detach().to("cpu", copy=True) for k, v in batch.items()})
+        if len(self.batches) == self.count:
+            rows = {k: torch.cat([b[k] for b in self.batches]) for k in self.batches[0]}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"format": "flashsac_opt.replay/1", "batches": self.count, "rows": rows}, self.path)

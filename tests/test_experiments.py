@@ -83,3 +83,19 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path):
     assert report["training_config"]["critic_updates_per_iteration"] == 2
     assert report["training_config"]["actor_updates_per_iteration"] == 1
     assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"
+
+
+def test_replay_stability_short_cpu_run(tmp_path):
+    """The committed real-G1 replay file, a few iterations, compile (aot_eager) vs eager."""
+    out, png = tmp_path / "stability.json", tmp_path / "stability.png"
+    done = run("validate_replay_stability.py", "--device", "cpu", "--mode", "compile", "--compile-backend", "aot_eager",
+               "--iterations", "8", "--batch-size", "16", "--updates-per-step", "2", "--check-every", "2",
+               "--output", str(out), "--plot", str(png))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["checks"]["finite"] and report["checks"]["no_recompiles_after_warmup"]
+    assert report["checks"]["memory_flat"] is None  # not measurable on CPU, and not claimed
+    assert report["replay"]["rows"] == 4096 and report["replay"]["dims"]["obs_dim"] == 98
+    assert len(report["drift"]["compile"]["critic"]) == 8
+    assert report["final_drift"]["compile"]["critic"] == 0.0  # aot_eager runs eager's kernels
+    assert png.stat().st_size > 10_000
