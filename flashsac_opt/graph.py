@@ -15,6 +15,9 @@ Lifetime rules (what keeps a captured graph valid):
 - Inductor's own CUDA graphs are off in this mode: a capture cannot contain another.
 - Noise comes from the default CUDA generator, which is graph-safe: each replay draws new
   values, in the same sequence eager execution would.
+- ``run_sampled`` captures the replay sampling too (``GPUReplay``: indices from its own
+  registered generator, the valid-row count read from a device tensor): the key then holds
+  the replay's identity and capacity; appends between replays need no recapture.
 """
 
 from __future__ import annotations
@@ -56,10 +59,31 @@ class WholeCycleGraph:
         assert self.graph is not None
         self.graph.replay()
 
-    def _capture(self, batch: dict[str, torch.Tensor], key: tuple, u_count: int, pf: int, bsz: int) -> None:
+    def run_sampled(self, replay, u_count: int, pf: int, bsz: int) -> None:
+        """Replay the iteration with the batch sampled from `replay` inside the graph."""
+        cfg = self.learner.cfg
+        key = ("replay", id(replay), replay.capacity, u_count, pf, bsz, cfg.target_frequency, cfg.policy_before_critic)
+        if key != self.key:
+            self._capture(None, key, u_count, pf, bsz, replay=replay)
+        assert self.graph is not None
+        self.graph.replay()
+
+    def _capture(self, batch: dict[str, torch.Tensor] | None, key: tuple, u_count: int, pf: int, bsz: int, replay=None) -> None:
         learner = self.learner
         self.graph = None
-        self.static_batch = {k: v.detach().clone() for k, v in batch.items()}
+        if replay is None:
+            assert batch is not None
+            self.static_batch = {k: v.detach().clone() for k, v in batch.items()}
+
+            def body() -> None:
+                learner._run_updates(self.static_batch, u_count, pf, bsz)
+        else:
+            self.static_batch = {}
+
+            def body() -> None:  # sampling (indices, gather) is part of the captured iteration
+                learner._run_updates(replay.sample(u_count * bsz), u_count, pf, bsz)
+
+        sampler_state = replay.generator.get_state() if replay is not None else None
         saved = learner.snapshot()
         rng = torch.cuda.get_rng_state(learner.device)
         start = time.perf_counter()
@@ -69,16 +93,22 @@ class WholeCycleGraph:
         side.wait_stream(torch.cuda.current_stream(learner.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_ITERATIONS):
-                learner._run_updates(self.static_batch, u_count, pf, bsz)
+                body()
         torch.cuda.current_stream(learner.device).wait_stream(side)
         learner.restore(saved)
         torch.cuda.set_rng_state(rng, learner.device)
+        if replay is not None:
+            replay.generator.set_state(sampler_state)
         torch.cuda.synchronize(learner.device)
         self.last_warmup_seconds = time.perf_counter() - start
         start = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
+        if replay is not None:
+            # A generator other than the default CUDA one must be registered with the graph
+            # so that each replay advances it (new indices) instead of repeating one draw.
+            graph.register_generator_state(replay.generator)
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            learner._run_updates(self.static_batch, u_count, pf, bsz)
+            body()
         torch.cuda.synchronize(learner.device)
         self.last_capture_seconds = time.perf_counter() - start
         self.graph, self.key = graph, key

@@ -300,14 +300,39 @@ class FlashSACLearner:
         pf = policy_frequency or cfg.policy_frequency
         bsz = self.validate_batch(batch, u_count)
         self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
-        if self.metrics is None or self.metrics.shape[0] != u_count + 1:
-            self.metrics = torch.zeros(u_count + 1, len(METRIC_COLUMNS), device=self.device)
-            mark_static(self.metrics)
+        self._ensure_metrics(u_count)
         if self.cfg.learner_mode == "graph":
             self._graph.run(batch, u_count, pf, bsz)
         else:
             self._run_updates(batch, u_count, pf, bsz)
         self.iterations += 1
+
+    def update_from_replay(self, replay, updates_per_step: int | None = None, policy_frequency: int | None = None) -> None:
+        """One iteration on a large batch sampled from a ``flashsac_opt.replay.GPUReplay``.
+
+        In graph mode the sampling is part of the captured iteration: one replay of the
+        graph draws new indices, gathers the rows and runs every update. Elsewhere the
+        batch is sampled on the device just before the updates.
+        """
+        cfg = self.cfg
+        u_count = updates_per_step or cfg.updates_per_step
+        pf = policy_frequency or cfg.policy_frequency
+        if replay.count == 0:
+            raise ValueError("cannot update from an empty replay")
+        if replay.device != self.device:
+            raise ValueError(f"replay lives on {replay.device}, the learner on {self.device}")
+        if self.cfg.learner_mode == "graph":
+            self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
+            self._ensure_metrics(u_count)
+            self._graph.run_sampled(replay, u_count, pf, cfg.batch_size)
+            self.iterations += 1
+            return
+        self.update(replay.sample(u_count * cfg.batch_size), u_count, pf)
+
+    def _ensure_metrics(self, u_count: int) -> None:
+        if self.metrics is None or self.metrics.shape[0] != u_count + 1:
+            self.metrics = torch.zeros(u_count + 1, len(METRIC_COLUMNS), device=self.device)
+            mark_static(self.metrics)
 
     # ------------------------------------------------- single updates (UniLab per-update path)
     def _single_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

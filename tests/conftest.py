@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
 def pytest_collection_modifyitems(config, items):
     no_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(no_cuda)
 
 

@@ -1,0 +1,122 @@
+"""GPU-resident replay (run on CPU here; graph capture on CUDA): layout, ring, sampling."""
+
+import pytest
+import torch
+
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.learner import FlashSACLearner
+from flashsac_opt.replay import GPUReplay, HostReplay, ReplayLayout
+
+DIMS = {"obs_dim": 5, "critic_obs_dim": 7, "action_dim": 3}
+
+
+def transitions(ids: range) -> dict[str, torch.Tensor]:
+    """Rows whose every field encodes the transition id, so a sample reveals which rows it read."""
+    i = torch.tensor(list(ids), dtype=torch.float32)
+    return {
+        "obs": i[:, None].repeat(1, 5),
+        "next_obs": i[:, None].repeat(1, 5) + 0.5,
+        "critic": i[:, None].repeat(1, 7) + 0.25,
+        "next_critic": i[:, None].repeat(1, 7) + 0.75,
+        "actions": i[:, None].repeat(1, 3) / 1000,
+        "rewards": i / 10,
+        "dones": (i % 2 == 0).float(),
+        "truncated": (i % 3 == 0).float(),
+    }
+
+
+def sampled_ids(batch) -> torch.Tensor:
+    ids = batch["obs"][:, 0]
+    # every field of a sampled row belongs to the same transition
+    assert torch.equal(batch["next_obs"][:, 3], ids + 0.5) and torch.equal(batch["next_critic"][:, 6], ids + 0.75)
+    assert torch.allclose(batch["actions"][:, 1], ids / 1000) and torch.allclose(batch["rewards"], ids / 10)
+    assert torch.equal(batch["dones"], (ids % 2 == 0).float()) and torch.equal(batch["truncated"], (ids % 3 == 0).float())
+    return ids.long()
+
+
+def test_layout_widths_match_the_seed_shapes():
+    assert ReplayLayout(98, 101, 29).row_width == 430  # G1 walk
+    assert ReplayLayout(160, 289, 29).row_width == 930  # motion tracking, seed 003
+
+
+@pytest.mark.parametrize("kind", ["device_ring", "host_ring"])
+def test_samples_only_written_rows_uniformly(kind):
+    cls = GPUReplay if kind == "device_ring" else HostReplay
+    replay = cls(1000, device="cpu", seed=3, **DIMS)
+    replay.extend(transitions(range(100)))
+    ids = sampled_ids(replay.sample(100_000))
+    assert ids.min() >= 0 and ids.max() <= 99  # never an unwritten row
+    counts = torch.bincount(ids, minlength=100).float()
+    # 1000 expected per row; a 5-sigma band (sigma ~ 31.6)
+    assert counts.min() > 1000 - 160 and counts.max() < 1000 + 160
+
+
+@pytest.mark.parametrize("kind", ["device_ring", "host_ring"])
+def test_ring_wraps_around_and_keeps_the_newest_rows(kind):
+    cls = GPUReplay if kind == "device_ring" else HostReplay
+    replay = cls(10, device="cpu", **DIMS)
+    replay.extend(transitions(range(7)))
+    replay.extend(transitions(range(7, 13)))  # 3 rows wrap to the front
+    assert replay.count == 10 and replay.head == 3
+    ids = set(sampled_ids(replay.sample(5000)).tolist())
+    assert ids == set(range(3, 13))
+    replay.extend(transitions(range(100, 125)))  # more than the capacity at once
+    assert set(sampled_ids(replay.sample(5000)).tolist()) == set(range(115, 125))
+
+
+def test_sampling_is_deterministic_under_seed_and_fresh_per_call():
+    a, b = GPUReplay(64, device="cpu", seed=7, **DIMS), GPUReplay(64, device="cpu", seed=7, **DIMS)
+    for r in (a, b):
+        r.extend(transitions(range(64)))
+    first_a, first_b = a.sample_indices(32), b.sample_indices(32)
+    assert torch.equal(first_a, first_b)
+    assert not torch.equal(a.sample_indices(32), first_a)
+
+
+def test_bf16_observation_storage_rounds_only_observations():
+    replay = GPUReplay(16, device="cpu", obs_dtype=torch.bfloat16, **DIMS)
+    data = transitions(range(16))
+    data["obs"] = data["obs"] + 0.001  # not representable in bf16
+    replay.extend(data)
+    batch = replay.sample(64)
+    ids = batch["critic"][:, 0].round().long()  # critic = id + 0.25: exact in bf16 for small ids
+    assert torch.equal(batch["obs"][:, 0], (ids.float() + 0.001).bfloat16().float())
+    assert batch["obs"].dtype == torch.float32 and torch.allclose(batch["rewards"], ids / 10)
+
+
+def test_empty_replay_and_device_mismatch_are_refused():
+    learner = FlashSACLearner(FlashSACConfig(batch_size=8, updates_per_step=2, actor_hidden_dim=16, critic_hidden_dim=16, num_atoms=11), **DIMS)
+    with pytest.raises(ValueError, match="empty replay"):
+        learner.update_from_replay(GPUReplay(16, device="cpu", **DIMS))
+    with pytest.raises(ValueError, match="empty replay"):
+        HostReplay(4, device="cpu", **DIMS).sample(2)
+
+
+def test_learner_trains_from_the_replay():
+    learner = FlashSACLearner(FlashSACConfig(batch_size=8, updates_per_step=2, actor_hidden_dim=16, critic_hidden_dim=16, num_atoms=11), **DIMS)
+    g = torch.Generator().manual_seed(0)
+    replay = GPUReplay(256, device="cpu", **DIMS)
+    replay.extend({k: torch.randn(v.shape, generator=g) if k not in ("dones", "truncated") else v * 0 for k, v in transitions(range(200)).items()})
+    before = learner.critic.params.detach().clone()
+    learner.update_from_replay(replay)
+    assert not torch.equal(before, learner.critic.params) and learner.read_metrics()["Learner/critic_updates_skipped"] == 0
+
+
+@pytest.mark.gpu
+def test_graph_mode_samples_inside_the_captured_iteration():
+    cfg = FlashSACConfig(batch_size=64, updates_per_step=2, actor_hidden_dim=32, critic_hidden_dim=64, num_atoms=21, learner_mode="graph")
+    learner = FlashSACLearner(cfg, device="cuda", **DIMS)
+    replay = GPUReplay(4096, device="cuda", seed=1, **DIMS)
+    g = torch.Generator().manual_seed(0)
+    replay.extend({k: torch.randn(v.shape, generator=g) if k not in ("dones", "truncated") else v * 0 for k, v in transitions(range(1000)).items()})
+    learner.update_from_replay(replay)
+    captures = learner._graph.captures
+    for _ in range(3):
+        state = replay.generator.get_state()
+        learner.update_from_replay(replay)
+        # the registered generator advanced: this replay drew new indices
+        assert not torch.equal(state, replay.generator.get_state())
+        assert learner.read_metrics()["Learner/critic_updates_skipped"] == 0
+    replay.extend({k: v.cuda() for k, v in transitions(range(1000, 1100)).items()})  # appends need no recapture
+    learner.update_from_replay(replay)
+    assert learner._graph.captures == captures
