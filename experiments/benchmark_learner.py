@@ -5,6 +5,8 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   unilab_compile  (b) compile_full_objectives, no whole-cycle graph (Inductor CUDA graphs)
   unilab_graph    (c) UniLab's default: compile + whole-cycle CUDA graph
   ours_eager / ours_compile / ours_graph: flashsac_opt's learner_mode eager|compile|graph
+  ours_graph_replay: graph mode sampling from a GPUReplay inside the captured iteration
+    (its time *includes* sampling; the others get a pre-sampled batch)
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -39,7 +41,7 @@ WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
     "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
 }
-VARIANTS = ("unilab_eager", "unilab_compile", "unilab_graph", "ours_eager", "ours_compile", "ours_graph")
+VARIANTS = ("unilab_eager", "unilab_compile", "unilab_graph", "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay")
 POOL_ROWS = 65536
 
 
@@ -80,7 +82,7 @@ class Pool:
         return {k: v.index_select(0, idx) for k, v in self.fields.items()}
 
 
-def build(variant: str, w: dict, device: str):
+def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
     """Return (learner, run_iteration) for a variant."""
     import torch
 
@@ -97,6 +99,24 @@ def build(variant: str, w: dict, device: str):
     )
     dims = {k: w[k] for k in ("obs_dim", "critic_obs_dim", "action_dim")}
     u, pf = w["updates_per_step"], w["policy_frequency"]
+    if variant == "ours_graph_replay":
+        from flashsac_opt.learner import FlashSACLearner
+        from flashsac_opt.replay import GPUReplay
+
+        learner = FlashSACLearner(cfg.replace(learner_mode="graph"), device=device, **dims)
+        assert pool is not None
+        replay = GPUReplay(pool.rows, device=device, **dims)
+        replay.extend(pool.fields)
+
+        def run(batch):
+            del batch  # sampled inside the graph
+            learner.update_from_replay(replay)
+            metrics = learner.read_metrics()
+            torch.cuda.current_stream().synchronize()
+            return metrics
+
+        return learner, run
+
     if variant.startswith("ours_"):
         from flashsac_opt.learner import FlashSACLearner
 
@@ -193,7 +213,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
     first = pool.sample(rows)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    learner, run = build(variant, w, device)
+    learner, run = build(variant, w, device, pool)
     built = time.perf_counter()
     run(first)
     cold = time.perf_counter() - start
@@ -272,7 +292,7 @@ def plot(report: dict, path: Path) -> None:
     variants = [v for v in VARIANTS if any(c["variant"] == v for c in cells)]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c"}
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f"}
     for i, v in enumerate(variants):
         xs, ys, errs = [], [], []
         for j, w in enumerate(workloads):

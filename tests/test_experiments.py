@@ -99,3 +99,24 @@ def test_replay_stability_short_cpu_run(tmp_path):
     assert len(report["drift"]["compile"]["critic"]) == 8
     assert report["final_drift"]["compile"]["critic"] == 0.0  # aot_eager runs eager's kernels
     assert png.stat().st_size > 10_000
+
+
+def test_replay_sampling_benchmark_plot_only_and_needs_cuda(tmp_path):
+    report = {
+        "workload": {"row_width": 930, "row_bytes": 3720, "rows_per_iteration": 32768, "mib_per_iteration": 116.25},
+        "warmup": 5, "repeat": 20, "environment": {"gpu": "test", "torch": "x"},
+        "capacities": [
+            {"exponent": 20, "capacity_gib": 3.6, "speedup_graph": 50.0,
+             "results": {k: {"median": m, "p90": m, "mean": m} for k, m in
+                         (("cpu_sample", 6.0), ("h2d", 2.0), ("cpu_sample_h2d", 6.1), ("gpu_sample", 0.12), ("gpu_sample_graph", 0.1))}},
+            {"exponent": 26, "capacity_gib": 232.5, "skipped": "too large"},
+        ],
+    }
+    source, png = tmp_path / "r.json", tmp_path / "r.png"
+    source.write_text(json.dumps(report))
+    done = run("benchmark_replay_sampling.py", "--plot-only", str(source), "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    if not torch.cuda.is_available():
+        no_gpu = run("benchmark_replay_sampling.py")
+        assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr
