@@ -35,6 +35,8 @@ import time
 import traceback
 from pathlib import Path
 
+from common import plot_only_or_require_cuda
+
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
     "W2": dict(batch_size=256, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -328,15 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
     args = parser.parse_args(argv)
 
-    if args.plot_only:
-        if not args.plot:
-            parser.error("--plot-only needs --plot PATH")
-        plot(json.loads(args.plot_only.read_text()), args.plot)
+    if plot_only_or_require_cuda(parser, args, plot):
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA device")
     if any(v.startswith("unilab") for v in args.variants):
         try:
             import unilab.rl.algos.flash_sac.learner  # noqa: F401

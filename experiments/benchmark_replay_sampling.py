@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import plot_only_or_require_cuda
+
 COLUMNS = ("cpu_sample", "h2d", "cpu_sample_h2d", "gpu_sample", "gpu_sample_graph")
 
 
@@ -154,15 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
     args = parser.parse_args(argv)
-    if args.plot_only:
-        if not args.plot:
-            parser.error("--plot-only needs --plot PATH")
-        plot(json.loads(args.plot_only.read_text()), args.plot)
+    if plot_only_or_require_cuda(parser, args, plot):
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA device")
     from flashsac_opt.replay import ReplayLayout
 
     width = ReplayLayout(args.obs_dim, args.critic_obs_dim, args.action_dim).row_width
