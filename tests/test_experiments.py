@@ -120,3 +120,33 @@ def test_replay_sampling_benchmark_plot_only_and_needs_cuda(tmp_path):
     if not torch.cuda.is_available():
         no_gpu = run("benchmark_replay_sampling.py")
         assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr
+
+
+def _fake_run(directory: Path, seconds_per_iteration: float, offset: float) -> None:
+    """TensorBoard events with a reward curve, written with chosen wall times."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(directory))
+    for i in range(20):
+        summary = Summary(value=[Summary.Value(tag="Train/mean_reward", simple_value=float(i) + offset)])
+        writer.add_event(Event(wall_time=1000.0 + i * seconds_per_iteration, step=i, summary=summary))
+    writer.close()
+
+
+def test_time_reward_plot_bands_over_seeds(tmp_path):
+    for seed, offset in enumerate((0.0, 1.0, -1.0)):
+        _fake_run(tmp_path / f"fast{seed}", 0.5, offset)
+        _fake_run(tmp_path / f"slow{seed}", 2.0, offset)
+    out, png = tmp_path / "tr.json", tmp_path / "tr.png"
+    done = run("plot_time_reward.py", "--group", "fast", *(str(tmp_path / f"fast{s}") for s in range(3)),
+               "--group", "slow", *(str(tmp_path / f"slow{s}") for s in range(3)), "--output", str(out), "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    groups = json.loads(out.read_text())["groups"]
+    assert groups["fast"]["wall_time_s"] == [9.5, 9.5, 9.5] and groups["slow"]["wall_time_s"] == [38.0] * 3
+    assert groups["fast"]["min"][-1] == pytest.approx(18.0) and groups["fast"]["max"][-1] == pytest.approx(20.0)
+    assert groups["fast"]["mean"][-1] == pytest.approx(19.0)
+    assert png.stat().st_size > 10_000
+    missing = run("plot_time_reward.py", "--group", "x", str(tmp_path / "nope"), "--output", str(out), "--plot", str(png))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

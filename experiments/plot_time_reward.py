@@ -1,0 +1,113 @@
+"""Time-reward smoke figure: reward vs training wall time, mean over seeds with a min/max band.
+
+Each group is one configuration (e.g. "UniLab default" or "flashsac_opt graph") run with several
+seeds; pass the JSON files benchmark_flashsac_training.py wrote (they name their run
+directories) or the run directories themselves. The reward is UniLab's Train/mean_reward;
+time runs from each run's first logged iteration.
+
+    python experiments/plot_time_reward.py \\
+        --group "UniLab 1.5.2 default" results/tr_unilab_s1.json results/tr_unilab_s2.json results/tr_unilab_s3.json \\
+        --group "flashsac_opt graph" results/tr_opt_s1.json results/tr_opt_s2.json results/tr_opt_s3.json \\
+        --output results/time_reward.json --plot results/time_reward.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+TAG = "Train/mean_reward"
+
+
+def run_dir(source: Path) -> Path:
+    if source.is_dir():
+        return source
+    return Path(json.loads(source.read_text())["run_dir"])
+
+
+def reward_curve(directory: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds since the run's first logged scalar, reward)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    if TAG not in events.Tags()["scalars"]:
+        raise SystemExit(f"plot_time_reward: error: {directory} has no {TAG} scalars")
+    first = min(e.wall_time for tag in events.Tags()["scalars"] for e in events.Scalars(tag))
+    points = events.Scalars(TAG)
+    return np.array([e.wall_time - first for e in points]), np.array([e.value for e in points])
+
+
+def summarize(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]], grid_points: int = 200) -> dict:
+    """Per group: a common time grid up to the shortest run, mean/min/max of the interpolated rewards."""
+    out = {}
+    for label, curves in groups.items():
+        end = min(t[-1] for t, _ in curves)
+        grid = np.linspace(0.0, end, grid_points)
+        stacked = np.stack([np.interp(grid, t, r, left=np.nan) for t, r in curves])
+        out[label] = {
+            "seeds": len(curves),
+            "wall_time_s": [float(t[-1]) for t, _ in curves],
+            "final_reward": [float(r[-1]) for _, r in curves],
+            "grid_s": grid.tolist(),
+            "mean": np.nanmean(stacked, axis=0).tolist(),
+            "min": np.nanmin(stacked, axis=0).tolist(),
+            "max": np.nanmax(stacked, axis=0).tolist(),
+        }
+    return out
+
+
+def plot(summary: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, g in summary.items():
+        line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({g['seeds']} seeds, {np.mean(g['wall_time_s']):.0f} s)")[0]
+        ax.fill_between(g["grid_s"], g["min"], g["max"], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("training wall time (s)")
+    ax.set_ylabel(TAG)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--group", nargs="+", action="append", metavar=("LABEL", "RUN"), required=True,
+                        help="a label, then the runs (JSON from benchmark_flashsac_training.py or run directories)")
+    parser.add_argument("--title", default="G1 walk flat, MuJoCo: reward vs wall time (mean, min/max band over seeds)")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--plot", type=Path, required=True)
+    args = parser.parse_args(argv)
+    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    sources: dict[str, list[str]] = {}
+    for label, *runs in args.group:
+        if not runs:
+            parser.error(f"--group {label!r} names no runs")
+        for run in runs:
+            path = Path(run)
+            if not path.exists():
+                parser.error(f"{run} does not exist")
+            groups.setdefault(label, []).append(reward_curve(run_dir(path)))
+            sources.setdefault(label, []).append(run)
+    summary = summarize(groups)
+    report = {"experiment": "time_reward_smoke", "tag": TAG, "sources": sources, "groups": summary, "command": " ".join(["python", *sys.argv])}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1))
+    plot(summary, args.plot, args.title)
+    for label, g in summary.items():
+        print(f"{label}: {g['seeds']} seeds, wall {np.mean(g['wall_time_s']):.1f} s, final reward {np.mean(g['final_reward']):.3f} [{min(g['final_reward']):.3f}, {max(g['final_reward']):.3f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
