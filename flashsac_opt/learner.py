@@ -118,6 +118,9 @@ class FlashSACLearner:
         self.metrics: torch.Tensor | None = None
         self.totals = torch.zeros(len(TOTAL_COLUMNS), device=self.device)
         self.iterations = 0
+        # UniLab's checkpoint field update_count, carried through conversions (UniLab's own
+        # learner never advances it; its runner keeps the count in the adapter).
+        self.unilab_update_count = 0
         self._last_schedule: tuple[int, int, int, bool] | None = None
         self._single_metrics: torch.Tensor | None = None
         self._fn = build_update_functions(self)

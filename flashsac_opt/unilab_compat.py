@@ -179,7 +179,7 @@ def to_unilab_state_dict(learner: FlashSACLearner, *, capturable: bool | None = 
         else None
     )
     # UniLab never advances update_count; carry through whatever a loaded checkpoint had.
-    out["update_count"] = int(getattr(learner, "unilab_update_count", 0))
+    out["update_count"] = int(learner.unilab_update_count)
     return out
 
 

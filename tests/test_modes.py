@@ -47,6 +47,7 @@ def train(learner, data, seed=0):
 
 
 def rel(a, b):
+    a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm())
 
 
