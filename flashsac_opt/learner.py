@@ -137,6 +137,9 @@ class FlashSACLearner:
         missing = [k for k in BATCH_FIELDS if k not in batch]
         if missing:
             raise ValueError(f"batch is missing field(s) {missing}; expected fields {list(BATCH_FIELDS)}")
+        for name in BATCH_FIELDS:
+            if not isinstance(batch[name], torch.Tensor):
+                raise ValueError(f"batch[{name!r}]: expected a torch.Tensor, got {type(batch[name]).__name__}")
         rows = batch["actions"].shape[0] if batch["actions"].ndim else 0
         if rows == 0 or rows % updates_per_step:
             raise ValueError(
@@ -152,8 +155,6 @@ class FlashSACLearner:
         }
         for name in BATCH_FIELDS:
             t = batch[name]
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"batch[{name!r}]: expected a torch.Tensor, got {type(t).__name__}")
             if name in widths:
                 expected: tuple[tuple[int, ...], ...] = ((rows, widths[name]),)
             else:

@@ -56,6 +56,7 @@ def flat_tensors(tree, prefix=""):
         (lambda b: b.__setitem__("dones", b["dones"].to("meta")), "batch['dones']: expected device cpu, got meta"),
         (lambda b: b.__setitem__("actions", b["actions"][:-2]), "expected rows = updates_per_step (4) x batch_size"),
         (lambda b: b.__setitem__("critic", b["critic"].numpy()), "batch['critic']: expected a torch.Tensor, got ndarray"),
+        (lambda b: b.__setitem__("actions", b["actions"].tolist()), "batch['actions']: expected a torch.Tensor, got list"),
     ],
 )
 def test_bad_batches_raise_naming_the_field_and_change_nothing(mutate, message):
