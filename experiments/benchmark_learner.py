@@ -255,8 +255,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
         cell["graph_capture_s"] = graph.last_capture_seconds
     if profile_kernels:
         cell.update(count_kernels(run, pool, rows))
-    del learner, run, pool
-    return cell
+    return cell  # learner, graphs and pool are freed on return
 
 
 def environment() -> dict:
@@ -332,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if plot_only_or_require_cuda(parser, args, plot):
         return 0
-    import torch
-
     if any(v.startswith("unilab") for v in args.variants):
         try:
             import unilab.rl.algos.flash_sac.learner  # noqa: F401
