@@ -84,6 +84,9 @@ class Pool:
         return {k: v.index_select(0, idx) for k, v in self.fields.items()}
 
 
+INDUCTOR_OPTIONS: dict = {}  # --inductor-option KEY=VALUE, for flashsac_opt's variants
+
+
 def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
     """Return (learner, run_iteration) for a variant."""
     import torch
@@ -98,6 +101,7 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
         tau=0.05,
         use_amp=True,
         amp_dtype="bf16",
+        inductor_options=dict(INDUCTOR_OPTIONS) or None,
     )
     dims = {k: w[k] for k in ("obs_dim", "critic_obs_dim", "action_dim")}
     u, pf = w["updates_per_step"], w["policy_frequency"]
@@ -323,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel count")
+    parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Inductor option for flashsac_opt's variants (VALUE parsed as JSON), e.g. coordinate_descent_tuning=true")
     parser.add_argument("--output", type=Path)
     parser.add_argument("--merge", type=Path, help="append cells to this existing JSON (same run series)")
     parser.add_argument("--plot", type=Path)
@@ -331,6 +337,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if plot_only_or_require_cuda(parser, args, plot):
         return 0
+    for item in args.inductor_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--inductor-option expects KEY=VALUE, got {item!r}")
+        try:
+            INDUCTOR_OPTIONS[key] = json.loads(value)
+        except json.JSONDecodeError:
+            INDUCTOR_OPTIONS[key] = value
     if any(v.startswith("unilab") for v in args.variants):
         try:
             import unilab.rl.algos.flash_sac.learner  # noqa: F401
@@ -341,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "timed": "host clock around: update phase + metrics read (D2H) + current-stream synchronize; batch pre-sampled",
         "environment": environment(),
         "command": " ".join(["python", *sys.argv]),
+        "inductor_options": INDUCTOR_OPTIONS,
         "cells": [],
     }
     if args.merge and args.merge.exists():

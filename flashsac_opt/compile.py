@@ -70,6 +70,7 @@ def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[...
             # 130-wide critic input) instead of letting cuBLAS fall back to align-1 kernels.
             "force_shape_pad": cuda,
         }
+        options.update(learner.cfg.inductor_options or {})
     return {
         name: torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
         for name, fn in functions.items()

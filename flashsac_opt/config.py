@@ -62,6 +62,9 @@ class FlashSACConfig:
     learner_mode: str = "eager"
     # torch.compile backend for the compiled modes ("inductor"; "aot_eager" for debugging)
     compile_backend: str = "inductor"
+    # Extra Inductor options for the compiled modes, e.g. {"coordinate_descent_tuning": True}
+    # (tunes reduction/pointwise launch configs at some compile-time cost).
+    inductor_options: dict | None = None
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:
