@@ -260,17 +260,21 @@ class FlashSACLearner:
         (grad,) = torch.autograd.grad(out.loss, self.actor.params)
         row[COL["actor_loss"] :].copy_(self._fn["actor_apply"](grad, out.loss, out.entropy, out.actor_stats))
 
+    def _prepare_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Scalar columns flattened to (N,), rewards divided by the current reward scale."""
+        with torch.no_grad():
+            rewards = batch["rewards"].reshape(-1)
+            if self.reward_normalizer is not None:
+                rewards = rewards / self.reward_normalizer.scale()
+        return dict(batch, rewards=rewards, dones=batch["dones"].reshape(-1), truncated=batch["truncated"].reshape(-1))
+
     def _run_updates(self, batch: dict[str, torch.Tensor], u_count: int, pf: int, bsz: int) -> None:
         """The whole iteration's device work (what graph mode captures)."""
         cfg = self.cfg
         metrics = self.metrics
         assert metrics is not None
         metrics[:u_count].zero_()
-        with torch.no_grad():
-            rewards = batch["rewards"].reshape(-1)
-            if self.reward_normalizer is not None:
-                rewards = rewards / self.reward_normalizer.scale()
-        batch = dict(batch, rewards=rewards, dones=batch["dones"].reshape(-1), truncated=batch["truncated"].reshape(-1))
+        batch = self._prepare_batch(batch)
         for u in range(u_count):
             if self.cfg.learner_mode == "compile":
                 # Nothing returned by the previous update's CUDA-graph replays is held
@@ -303,8 +307,7 @@ class FlashSACLearner:
         u_count = updates_per_step or cfg.updates_per_step
         pf = policy_frequency or cfg.policy_frequency
         bsz = self.validate_batch(batch, u_count)
-        self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
-        self._ensure_metrics(u_count)
+        self._begin_iteration(u_count, pf)
         if self.cfg.learner_mode == "graph":
             self._graph.run(batch, u_count, pf, bsz)
         else:
@@ -326,14 +329,16 @@ class FlashSACLearner:
         if replay.device != self.device:
             raise ValueError(f"replay lives on {replay.device}, the learner on {self.device}")
         if self.cfg.learner_mode == "graph":
-            self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
-            self._ensure_metrics(u_count)
+            self._begin_iteration(u_count, pf)
             self._graph.run_sampled(replay, u_count, pf, cfg.batch_size)
             self.iterations += 1
             return
         self.update(replay.sample(u_count * cfg.batch_size), u_count, pf)
 
-    def _ensure_metrics(self, u_count: int) -> None:
+    def _begin_iteration(self, u_count: int, pf: int) -> None:
+        """Record the iteration's schedule (read_metrics uses it) and size the metrics buffer."""
+        cfg = self.cfg
+        self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
         if self.metrics is None or self.metrics.shape[0] != u_count + 1:
             self.metrics = torch.zeros(u_count + 1, len(METRIC_COLUMNS), device=self.device)
             mark_static(self.metrics)
@@ -344,13 +349,9 @@ class FlashSACLearner:
         if self._single_metrics is None:
             self._single_metrics = torch.zeros(len(METRIC_COLUMNS), device=self.device)
             mark_static(self._single_metrics)
-        with torch.no_grad():
-            rewards = batch["rewards"].reshape(-1)
-            if self.reward_normalizer is not None:
-                rewards = rewards / self.reward_normalizer.scale()
         if self.cfg.learner_mode == "compile":
             torch.compiler.cudagraph_mark_step_begin()
-        return dict(batch, rewards=rewards, dones=batch["dones"].reshape(-1), truncated=batch["truncated"].reshape(-1))
+        return self._prepare_batch(batch)
 
     def step_critic(self, batch: dict[str, torch.Tensor]) -> None:
         """One critic update (no target update) on a single batch."""
