@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "graph":
             fail("no CUDA device: --mode graph needs one (use --mode eager or compile)")
 
-    log_root = args.log_root or Path(tempfile.mkdtemp(prefix="flashsac_training_"))
+    log_root = (args.log_root or Path(tempfile.mkdtemp(prefix="flashsac_training_"))).resolve()
+    log_root.mkdir(parents=True, exist_ok=True)
     scene = args.model_file
     if scene is None and args.task.startswith("g1"):
         # The task config's model_file is relative to a source checkout's root; an absolute
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
     command = [sys.executable, "-c", code, "--algo", "flashsac", "--task", args.task, "--sim", args.backend, *overrides]
     # UniLab's Rich panel goes straight to this terminal: the run's progress display.
-    proc = subprocess.run(command, env=env)
+    # cwd: Hydra writes train_flashsac.log into the working directory; keep it with the run.
+    proc = subprocess.run(command, env=env, cwd=log_root)
     runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
     if proc.returncode != 0 or not runs:
         fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {proc.returncode})")

@@ -199,7 +199,7 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
     proc = subprocess.run(
         [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,  # Hydra writes train_flashsac.log into the cwd
     )
     log = proc.stdout + proc.stderr
     run_dirs = glob.glob(str(logs / "G1WalkFlat" / "*"))
