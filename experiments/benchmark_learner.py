@@ -7,10 +7,16 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_eager / ours_compile / ours_graph: flashsac_opt's learner_mode eager|compile|graph
   ours_graph_replay: graph mode sampling from a GPUReplay inside the captured iteration
     (its time *includes* sampling; the others get a pre-sampled batch)
+  ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
+    compile boundary per update vs loss and step compiled apart); ours_graph uses the
+    default, which picks by batch size
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
   (W1-W3: obs 98 / critic obs 101 / act 29; W4: obs 160 / critic obs 289 / act 29), pf 2.
+
+Every cell is timed before any is profiled (torch.profiler leaves CUPTI attached and slows
+later launches); kernel counts come from a second pass over the same learners.
 
 Timed per iteration (host clock): update phase + metrics read (D2H) + stream synchronize,
 the batch already sampled and synchronized. Cold start: construction to the end of the first
@@ -43,7 +49,10 @@ WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
     "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
 }
-VARIANTS = ("unilab_eager", "unilab_compile", "unilab_graph", "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay")
+VARIANTS = (
+    "unilab_eager", "unilab_compile", "unilab_graph",
+    "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
+)
 POOL_ROWS = 65536
 
 
@@ -126,7 +135,11 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
     if variant.startswith("ours_"):
         from flashsac_opt.learner import FlashSACLearner
 
-        learner = FlashSACLearner(cfg.replace(learner_mode=variant[5:]), device=device, **dims)
+        if variant in ("ours_graph_fused", "ours_graph_split"):
+            cfg = cfg.replace(learner_mode="graph", fused_update=variant == "ours_graph_fused")
+        else:
+            cfg = cfg.replace(learner_mode=variant[5:])
+        learner = FlashSACLearner(cfg, device=device, **dims)
 
         def run(batch):
             learner.update(batch)
@@ -175,6 +188,34 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
     return learner, run
 
 
+def _compile_seconds() -> dict[str, float]:
+    """Cumulative seconds per torch.compile phase timer in this process (best effort)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    return {k: float(sum(v)) for k, v in compilation_time_metrics.items()}
+
+
+def ratios(cells: list[dict]) -> list[dict]:
+    """Per workload: flashsac_opt's modes against UniLab's (b) and (c), from the same run."""
+    out = []
+    for w in WORKLOADS:
+        by = {c["variant"]: c for c in cells if c["workload"] == w and "ms_median" in c}
+        if "unilab_graph" not in by:
+            continue
+        c_ms, row = by["unilab_graph"]["ms_median"], {"workload": w}
+        for v in ("ours_graph", "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
+            if v in by:
+                row[f"{v}_vs_unilab_graph"] = by[v]["ms_median"] / c_ms
+        if "unilab_compile" in by and "ours_compile" in by:
+            row["ours_compile_vs_unilab_compile"] = by["ours_compile"]["ms_median"] / by["unilab_compile"]["ms_median"]
+        if "ours_graph" in by and "kernels_per_iteration" in by["ours_graph"] and "kernels_per_iteration" in by["unilab_graph"]:
+            row["ours_graph_kernels_vs_unilab_graph"] = by["ours_graph"]["kernels_per_iteration"] / by["unilab_graph"]["kernels_per_iteration"]
+        out.append(row)
+    return out
+
+
 def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -206,7 +247,8 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     }
 
 
-def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, profile_kernels: bool) -> dict:
+def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
+    """Time one cell; return (cell, profile) where profile() counts its kernels later."""
     import torch
 
     w = WORKLOADS[wname]
@@ -215,6 +257,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    compile_before = _compile_seconds()
     pool = Pool(max(POOL_ROWS, 2 * rows), w["obs_dim"], w["critic_obs_dim"], w["action_dim"], device)
     first = pool.sample(rows)
     torch.cuda.synchronize()
@@ -234,6 +277,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
             out.append((time.perf_counter() - t0) * 1e3)
         return out, metrics
 
+    compile_after = _compile_seconds()
     warm_ms, _ = timed(warmup)
     times, metrics = timed(iters)
     cell = {
@@ -252,14 +296,22 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str, pro
         "peak_memory_mib": torch.cuda.max_memory_allocated() / 2**20,
         "last_metrics": {k: float(v) for k, v in metrics.items()},
         "finite": all(v == v and abs(v) != float("inf") for v in metrics.values()),
+        # Seconds of the cold start spent in each compile phase (torch._dynamo's timers):
+        # Dynamo tracing, AOTAutograd, Inductor code generation, Triton compilation.
+        "compile_phase_s": {
+            k: round(v - compile_before.get(k, 0.0), 3)
+            for k, v in compile_after.items()
+            if v - compile_before.get(k, 0.0) >= 0.05
+        },
     }
     graph = getattr(learner, "_graph", None)
     if graph is not None:
         cell["graph_warmup_s"] = graph.last_warmup_seconds
         cell["graph_capture_s"] = graph.last_capture_seconds
-    if profile_kernels:
-        cell.update(count_kernels(run, pool, rows))
-    return cell  # learner, graphs and pool are freed on return
+    def profile() -> dict:  # `run` holds the learner (and its captured graphs) alive
+        return count_kernels(run, pool, rows)
+
+    return cell, profile
 
 
 def environment() -> dict:
@@ -297,7 +349,7 @@ def plot(report: dict, path: Path) -> None:
     variants = [v for v in VARIANTS if any(c["variant"] == v for c in cells)]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f"}
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3"}
     for i, v in enumerate(variants):
         xs, ys, errs = [], [], []
         for j, w in enumerate(workloads):
@@ -330,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Inductor option for flashsac_opt's variants (VALUE parsed as JSON), e.g. coordinate_descent_tuning=true")
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--note", default="", help="free text stored in the JSON (e.g. the Inductor cache state)")
     parser.add_argument("--merge", type=Path, help="append cells to this existing JSON (same run series)")
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
@@ -356,24 +409,42 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment(),
         "command": " ".join(["python", *sys.argv]),
         "inductor_options": INDUCTOR_OPTIONS,
+        "note": args.note,
         "cells": [],
     }
     if args.merge and args.merge.exists():
         report["cells"] = json.loads(args.merge.read_text())["cells"]
+    def save() -> None:
+        report["ratios"] = ratios(report["cells"])
+        if args.output:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(report, indent=1))
+
+    # Pass 1 times every cell; pass 2 profiles them. torch.profiler leaves CUPTI attached
+    # when it ends (pytorch/pytorch#144455), which slows every later kernel launch, so no
+    # cell may be timed after any profile has run in this process.
+    profiles = []
     for wname in args.workloads:
         for variant in args.variants:
             print(f"== {wname} {variant}", flush=True)
             try:
-                cell = run_cell(variant, wname, args.iters, args.warmup, "cuda", not args.no_profile)
+                cell, profile = run_cell(variant, wname, args.iters, args.warmup, "cuda")
+                profiles.append((cell, profile))
             except Exception as exc:  # keep measuring the other cells
                 cell = {"variant": variant, "workload": wname, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
             report["cells"].append(cell)
-            summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items() if k in ("ms_median", "ms_p90", "cold_start_s", "kernels_per_iteration", "launches_per_iteration", "peak_memory_mib", "error")}
+            summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items() if k in ("ms_median", "ms_p90", "cold_start_s", "peak_memory_mib", "error")}
             print(f"   {summary}", flush=True)
-            if args.output:
-                args.output.parent.mkdir(parents=True, exist_ok=True)
-                args.output.write_text(json.dumps(report, indent=1))
+            save()
+    for cell, profile in profiles if not args.no_profile else []:
+        try:
+            cell.update(profile())
+        except Exception as exc:
+            cell["profile_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"   kernels {cell['workload']} {cell['variant']}: {cell.get('kernels_per_iteration')}", flush=True)
+        save()
+    profiles.clear()
     if args.plot:
         plot(report, args.plot)
     print(f"{'workload':8} {'variant':15} {'median ms':>10} {'p90 ms':>8} {'cold s':>7} {'kernels':>8}")
@@ -382,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c['workload']:8} {c['variant']:15} {c['ms_median']:10.3f} {c['ms_p90']:8.3f} {c['cold_start_s']:7.1f} {c.get('kernels_per_iteration', float('nan')):8.0f}")
         else:
             print(f"{c['workload']:8} {c['variant']:15} ERROR {c['error'][:80]}")
+    for row in report.get("ratios", []):
+        print(row["workload"], {k: round(v, 3) for k, v in row.items() if k != "workload"})
     return 0
 
 

@@ -1,8 +1,18 @@
 """Compile boundaries of the learner.
 
-Four functions are compiled, each with ``fullgraph=True`` (a graph break is an error, not
-a silent slowdown) and ``dynamic=False`` (batch shapes are fixed per run):
+Each compiled function has ``fullgraph=True`` (a graph break is an error, not a silent
+slowdown) and ``dynamic=False`` (batch shapes are fixed per run).
 
+``fused_update`` on (the default up to batch 1024, see config.py): two functions, one per network update.
+- ``critic_step``: the critic objective, its gradient through ``torch.func.grad_and_value``
+  (traced by Dynamo, so forward, backward and the step below are one graph), finite guard,
+  Adam, renormalization, BN-statistics commit, Polyak, metric values.
+- ``actor_step``: the actor objective (frozen critic), its gradient w.r.t. the actor's
+  parameters only, the guarded actor step and the closed-form temperature step.
+One graph lets Inductor fuse the gradient assembly (the flat gradient buffer) into Adam and
+the renormalization, and saves a compile boundary per update.
+
+``fused_update`` off: four functions, autograd between loss and step:
 - ``critic_loss``: actor(s') in eval BN, target and online critic on the joint 2B batch,
   min-Q member, C51 projection, cross-entropy. Its backward is compiled by AOTAutograd.
 - ``critic_apply``: finite guard, Adam, renormalization, BN-statistics commit, Polyak.
@@ -23,7 +33,8 @@ import torch
 if TYPE_CHECKING:
     from flashsac_opt.learner import FlashSACLearner
 
-FUNCTION_NAMES = ("critic_loss", "critic_apply", "actor_loss", "actor_apply")
+FUSED_FUNCTIONS = ("critic_step", "actor_step")
+SPLIT_FUNCTIONS = ("critic_loss", "critic_apply", "actor_loss", "actor_apply")
 
 
 def mark_static(*tensors: torch.Tensor) -> None:
@@ -55,7 +66,8 @@ def persistent_state(learner: "FlashSACLearner") -> list[torch.Tensor]:
 
 
 def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[..., Any]]:
-    functions = {name: getattr(learner, f"_{name}") for name in FUNCTION_NAMES}
+    names = FUSED_FUNCTIONS if learner.cfg.use_fused_update else SPLIT_FUNCTIONS
+    functions = {name: getattr(learner, f"_{name}") for name in names}
     mode = learner.cfg.learner_mode
     if mode == "eager":
         return functions

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 LEARNER_MODES = ("eager", "compile", "graph")
+FUSED_UPDATE_MAX_BATCH = 1024
 
 
 @dataclass
@@ -65,6 +66,13 @@ class FlashSACConfig:
     # Extra Inductor options for the compiled modes, e.g. {"coordinate_descent_tuning": True}
     # (tunes reduction/pointwise launch configs at some compile-time cost).
     inductor_options: dict | None = None
+    # One compile boundary per network update: forward, backward (torch.func), finite
+    # guard, Adam, renormalization and commits in one graph. False: loss and step compiled
+    # apart (autograd between). None: fused when batch_size <= FUSED_UPDATE_MAX_BATCH.
+    # Measured on the H200 (FLASH_SAC_OPTIMIZATION.md): fused is faster at batch 256 (fewer
+    # kernels), slower at 2048/8192, where the single graph keeps more forward activations
+    # for the backward than AOTAutograd's recomputing partitioner does.
+    fused_update: bool | None = None
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:
@@ -80,6 +88,12 @@ class FlashSACConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_atoms < 2 or self.critic_max_v <= self.critic_min_v:
             raise ValueError("the critic support needs num_atoms >= 2 and critic_max_v > critic_min_v")
+
+    @property
+    def use_fused_update(self) -> bool:
+        if self.fused_update is None:
+            return self.batch_size <= FUSED_UPDATE_MAX_BATCH
+        return bool(self.fused_update)
 
     @property
     def peak_lr(self) -> float:

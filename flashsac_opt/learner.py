@@ -186,13 +186,13 @@ class FlashSACLearner:
         dtype = self.amp_dtype or torch.float32
         return torch.empty(rows, self.action_dim, device=self.device, dtype=dtype).normal_()
 
-    def _critic_loss(self, b: dict[str, torch.Tensor], noise: torch.Tensor):
+    def _critic_loss(self, b: dict[str, torch.Tensor], noise: torch.Tensor, critic_params: torch.Tensor | None = None):
         return critic_objective(
             self.actor,
             self.critic,
             self.target_critic,
             self.actor.params,
-            self.critic.params,
+            self.critic.params if critic_params is None else critic_params,
             self.target_critic.params,
             self.temperature.log_temp,
             b["next_obs"],
@@ -222,11 +222,11 @@ class FlashSACLearner:
                 reward_std = torch.ones((), device=self.device)
             return torch.stack([loss.detach().float(), reward_std, ok.float()])
 
-    def _actor_loss(self, b: dict[str, torch.Tensor], noise: torch.Tensor):
+    def _actor_loss(self, b: dict[str, torch.Tensor], noise: torch.Tensor, actor_params: torch.Tensor | None = None):
         return actor_objective(
             self.actor,
             self.critic,
-            self.actor.params,
+            self.actor.params if actor_params is None else actor_params,
             self.critic.params,
             self.temperature.log_temp,
             b["obs"],
@@ -248,17 +248,51 @@ class FlashSACLearner:
             values = [loss.detach().float(), entropy.float(), torch.exp(log_temp)[0], temp_loss[0]]
             return torch.stack(values + [actor_ok.float(), temp_ok.float()])
 
-    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
-        out = self._fn["critic_loss"](b, self._noise(b["actions"].shape[0]))
-        (grad,) = torch.autograd.grad(out.loss, self.critic.params)
-        row[: COL["critic_applied"] + 1].copy_(
-            self._fn["critic_apply"](grad, out.loss, out.critic_stats, out.target_stats, polyak)
+    def _critic_step(self, b: dict[str, torch.Tensor], noise: torch.Tensor, polyak: bool) -> torch.Tensor:
+        """The fused critic update: loss, gradient (torch.func), guarded step, Polyak."""
+
+        def loss_and_stats(critic_params: torch.Tensor):
+            out = self._critic_loss(b, noise, critic_params)
+            return out.loss, (out.critic_stats, out.target_stats)
+
+        grad, (loss, (critic_stats, target_stats)) = torch.func.grad_and_value(loss_and_stats, has_aux=True)(
+            self.critic.params
         )
+        return self._critic_apply(grad, loss, critic_stats, target_stats, polyak)
+
+    def _actor_step(self, b: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """The fused actor update: loss, gradient w.r.t. the actor only, guarded steps."""
+
+        def loss_and_aux(actor_params: torch.Tensor):
+            out = self._actor_loss(b, noise, actor_params)
+            return out.loss, (out.entropy, out.actor_stats)
+
+        grad, (loss, (entropy, actor_stats)) = torch.func.grad_and_value(loss_and_aux, has_aux=True)(self.actor.params)
+        return self._actor_apply(grad, loss, entropy, actor_stats)
+
+    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
+        noise = self._noise(b["actions"].shape[0])
+        if self.cfg.use_fused_update:
+            # torch.func computes the gradient whatever the outer grad mode; no_grad keeps
+            # AOTAutograd from also building an outer backward for the compiled step.
+            with torch.no_grad():
+                values = self._fn["critic_step"](b, noise, polyak)
+        else:
+            out = self._fn["critic_loss"](b, noise)
+            (grad,) = torch.autograd.grad(out.loss, self.critic.params)
+            values = self._fn["critic_apply"](grad, out.loss, out.critic_stats, out.target_stats, polyak)
+        row[: COL["critic_applied"] + 1].copy_(values)
 
     def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
-        out = self._fn["actor_loss"](b, self._noise(2 * b["obs"].shape[0]))
-        (grad,) = torch.autograd.grad(out.loss, self.actor.params)
-        row[COL["actor_loss"] :].copy_(self._fn["actor_apply"](grad, out.loss, out.entropy, out.actor_stats))
+        noise = self._noise(2 * b["obs"].shape[0])
+        if self.cfg.use_fused_update:
+            with torch.no_grad():
+                values = self._fn["actor_step"](b, noise)
+        else:
+            out = self._fn["actor_loss"](b, noise)
+            (grad,) = torch.autograd.grad(out.loss, self.actor.params)
+            values = self._fn["actor_apply"](grad, out.loss, out.entropy, out.actor_stats)
+        row[COL["actor_loss"] :].copy_(values)
 
     def _prepare_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Scalar columns flattened to (N,), rewards divided by the current reward scale."""

@@ -32,6 +32,29 @@ def test_benchmark_plot_only_redraws_a_committed_result(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_benchmark_ratios_compare_modes_within_one_workload():
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from benchmark_learner import ratios
+    finally:
+        sys.path.pop(0)
+    cell = lambda v, w, ms, k: {"variant": v, "workload": w, "ms_median": ms, "kernels_per_iteration": k}
+    cells = [
+        cell("unilab_graph", "W1", 2.0, 800), cell("unilab_compile", "W1", 10.0, 800),
+        cell("ours_graph", "W1", 1.0, 300), cell("ours_compile", "W1", 4.0, 300),
+        cell("ours_graph", "W3", 5.0, 900),  # no UniLab cell at W3: no ratio row
+        {"variant": "unilab_graph", "workload": "W4", "error": "OOM"},
+    ]
+    (row,) = ratios(cells)
+    assert row == {
+        "workload": "W1",
+        "ours_graph_vs_unilab_graph": 0.5,
+        "ours_compile_vs_unilab_graph": 2.0,
+        "ours_compile_vs_unilab_compile": 0.4,
+        "ours_graph_kernels_vs_unilab_graph": 0.375,
+    }
+
+
 def test_validate_numerics_writes_its_schema(tmp_path, require_unilab):
     out = tmp_path / "numerics.json"
     done = run("validate_numerics.py", "--iterations", "2", "--batch-size", "8", "--updates-per-step", "2",

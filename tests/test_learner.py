@@ -319,6 +319,21 @@ def test_config_from_mapping_and_validation():
         FlashSACConfig(obs_normalization=True)
 
 
+@pytest.mark.parametrize(
+    ("batch_size", "fused_update", "functions"),
+    [
+        (256, None, ["critic_step", "actor_step"]),  # default: fused up to batch 1024
+        (2048, None, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+        (2048, True, ["critic_step", "actor_step"]),
+        (256, False, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+    ],
+)
+def test_compile_boundaries_follow_fused_update(batch_size, fused_update, functions):
+    cfg = FlashSACConfig(**{**SMALL, "batch_size": batch_size, "fused_update": fused_update})
+    learner = FlashSACLearner(cfg, **DIMS)
+    assert list(learner._fn) == functions
+
+
 def test_cli_info(capsys):
     from flashsac_opt.cli import main
 

@@ -52,13 +52,16 @@ def rel(a, b):
 
 
 # ------------------------------------------------------------------ CPU
-def test_compile_mode_traces_without_breaks_and_matches_eager_bitwise_cpu():
+@pytest.mark.parametrize("fused_update", [True, False], ids=["fused", "split"])
+def test_compile_mode_traces_without_breaks_and_matches_eager_bitwise_cpu(fused_update):
     """aot_eager runs the traced graphs op for op: any divergence is a tracing bug.
 
     (It caught one: torch.compile dropped in-place updates to 0-dim float64 tensors, which
-    is why FlatAdam's counters have shape (1,).)
+    is why FlatAdam's counters have shape (1,).) Both compile boundaries: the fused step
+    (torch.func gradient inside the graph) and the split loss/step pair.
     """
-    eager, compiled = make("eager"), make("compile", compile_backend="aot_eager")
+    eager = make("eager")
+    compiled = make("compile", compile_backend="aot_eager", fused_update=fused_update)
     data = batches(eager, 4)
     le, lc = train(eager, data), train(compiled, data)
     assert torch.equal(le, lc)
@@ -127,6 +130,24 @@ def test_frozen_critic_does_no_weight_gradient_work():
     expected = 2 * b * n * (h * d + 2 * (4 * h * h + h * 4 * h) + atoms * h)
     assert full_gemms - frozen_gemms == 6
     assert full_flops - frozen_flops == pytest.approx(expected, rel=0.01)
+
+
+def test_learner_actor_step_has_no_critic_weight_gradient_gemms():
+    """The learner's own compiled actor step (fused: torch.func gradient w.r.t. the actor
+    only) runs exactly the GEMM FLOPs of the frozen objective, and the critic dW FLOPs fewer
+    than an objective that lets autograd reach the critic weights."""
+    learner = make("compile", dims=G1, batch_size=64, actor_hidden_dim=32, critic_hidden_dim=64, compile_backend="aot_eager")
+    b = learner._prepare_batch({k: v[:64] for k, v in batches(learner, 1)[0].items()})
+    row = torch.zeros(len(COL))
+    learner._actor_update(b, row)  # compile outside the profile
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        learner._actor_update(b, row)
+    gemms = [e for e in prof.key_averages() if e.key in ("aten::bmm", "aten::mm", "aten::addmm")]
+    learner_flops = sum(e.flops for e in gemms)
+    frozen_flops, _ = _compiled_actor_step_profile(freeze_critic=True)
+    full_flops, _ = _compiled_actor_step_profile(freeze_critic=False)
+    assert learner_flops == frozen_flops
+    assert full_flops > learner_flops
 
 
 def test_graph_mode_needs_cuda():

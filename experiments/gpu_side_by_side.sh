@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The learner side-by-side on the device, in calls of <= 10 min that follow each other
+# while the machine is warm (the Inductor cache under .inductor_cache/ survives between them):
+#   bash experiments/gpu_side_by_side.sh prewarm      # cold compiles, in parallel, + GPU tests
+#   bash experiments/gpu_side_by_side.sh main W1 W2   # timed run, one process, warm cache
+#   bash experiments/gpu_side_by_side.sh main W3 W4
+# Cold-start figures come from the prewarm processes (7 compiling at once on 16 cores:
+# an upper bound); the main run's cold_start_s is with a warm Inductor cache.
+# UniLab compiles with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock GEMM
+# autotuning did not finish a W3 compile in 415 s).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache" TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD"
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+B="python3 experiments/benchmark_learner.py"
+ALL="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph ours_graph_fused ours_graph_split ours_graph_replay"
+case "${1:-}" in
+  prewarm)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/env.txt"
+    for w in W1 W2 W3 W4; do
+      timeout 550 $B --variants unilab_graph unilab_compile --workloads $w --iters 3 --warmup 1 --no-profile \
+        --note "prewarm: cold Inductor cache, 7 processes compiling at once" --output "$OUT/prewarm_unilab_$w.json" > "$OUT/prewarm_unilab_$w.log" 2>&1 &
+    done
+    for w in W1 W3 W4; do  # W2 has W1's shapes: its compiled functions are W1's
+      timeout 550 $B --variants ours_graph ours_compile ours_graph_fused ours_graph_split ours_graph_replay --workloads $w --iters 3 --warmup 1 --no-profile \
+        --note "prewarm: cold Inductor cache, 7 processes compiling at once" --output "$OUT/prewarm_ours_$w.json" > "$OUT/prewarm_ours_$w.log" 2>&1 &
+    done
+    timeout 550 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1 &
+    wait
+    tail -n 3 "$OUT"/*.log ;;
+  main)
+    shift
+    tag=$(IFS=_; echo "$*")
+    timeout 590 $B --variants $ALL --workloads "$@" --iters 30 --note "warm Inductor cache (prewarmed in the previous call)" \
+      --output "$OUT/side_by_side_$tag.json" 2>&1 | tee "$OUT/side_by_side_$tag.log" ;;
+  *) echo "usage: $0 prewarm | main W... " >&2; exit 2 ;;
+esac
