@@ -66,7 +66,7 @@ def persistent_state(learner: "FlashSACLearner") -> list[torch.Tensor]:
 
 
 def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[..., Any]]:
-    names = FUSED_FUNCTIONS if learner.cfg.use_fused_update else SPLIT_FUNCTIONS
+    names = FUSED_FUNCTIONS if learner.fused_update else SPLIT_FUNCTIONS
     functions = {name: getattr(learner, f"_{name}") for name in names}
     mode = learner.cfg.learner_mode
     if mode == "eager":

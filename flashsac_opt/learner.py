@@ -59,7 +59,10 @@ class FlashSACLearner:
         critic_obs_dim: int,
         action_dim: int,
         device: str | torch.device = "cpu",
+        process_group: "torch.distributed.ProcessGroup | bool | None" = None,
     ):
+        """``process_group``: a torch.distributed group (or True for the default group) makes
+        this learner one rank of a data-parallel learner (``flashsac_opt.data_parallel``)."""
         self.cfg = cfg
         self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
         self.device = torch.device(device)
@@ -123,6 +126,18 @@ class FlashSACLearner:
         self.unilab_update_count = 0
         self._last_schedule: tuple[int, int, int, bool] | None = None
         self._single_metrics: torch.Tensor | None = None
+        self.averager = None
+        if process_group is not None and process_group is not False:
+            from flashsac_opt.data_parallel import RankAverager
+
+            self.averager = RankAverager(None if process_group is True else process_group)
+            # Every rank starts from rank 0's networks, whatever its seed.
+            self.averager.broadcast_(
+                [self.actor.params.data, self.actor.bn_stats, self.critic.params.data, self.critic.bn_stats,
+                 self.target_critic.params.data, self.target_critic.bn_stats, self.temperature.log_temp.data]
+            )
+        # The ranks' collective sits between loss and step, so data parallel uses the split form.
+        self.fused_update = cfg.use_fused_update and self.averager is None
         self._fn = build_update_functions(self)
         self._graph = WholeCycleGraph(self) if cfg.learner_mode == "graph" else None
 
@@ -172,6 +187,8 @@ class FlashSACLearner:
     def update_reward_stats(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
         """Fold newly collected transitions (steps, num_envs) into the reward scale."""
         if self.reward_normalizer is not None:
+            if self.averager is not None:  # one global reward scale: every rank folds in all ranks' envs
+                rewards, dones = self.averager.gather_envs(rewards), self.averager.gather_envs(dones)
             self.reward_normalizer.update(rewards, dones)
 
     # ---------------------------------------------------------------- updates
@@ -272,7 +289,7 @@ class FlashSACLearner:
 
     def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
         noise = self._noise(b["actions"].shape[0])
-        if self.cfg.use_fused_update:
+        if self.fused_update:
             # torch.func computes the gradient whatever the outer grad mode; no_grad keeps
             # AOTAutograd from also building an outer backward for the compiled step.
             with torch.no_grad():
@@ -280,18 +297,24 @@ class FlashSACLearner:
         else:
             out = self._fn["critic_loss"](b, noise)
             (grad,) = torch.autograd.grad(out.loss, self.critic.params)
-            values = self._fn["critic_apply"](grad, out.loss, out.critic_stats, out.target_stats, polyak)
+            loss, critic_stats, target_stats = out.loss, out.critic_stats, out.target_stats
+            if self.averager is not None:
+                grad, loss, critic_stats, target_stats = self.averager.average(grad, loss, critic_stats, target_stats)
+            values = self._fn["critic_apply"](grad, loss, critic_stats, target_stats, polyak)
         row[: COL["critic_applied"] + 1].copy_(values)
 
     def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
         noise = self._noise(2 * b["obs"].shape[0])
-        if self.cfg.use_fused_update:
+        if self.fused_update:
             with torch.no_grad():
                 values = self._fn["actor_step"](b, noise)
         else:
             out = self._fn["actor_loss"](b, noise)
             (grad,) = torch.autograd.grad(out.loss, self.actor.params)
-            values = self._fn["actor_apply"](grad, out.loss, out.entropy, out.actor_stats)
+            loss, entropy, actor_stats = out.loss, out.entropy, out.actor_stats
+            if self.averager is not None:
+                grad, loss, entropy, actor_stats = self.averager.average(grad, loss, entropy, actor_stats)
+            values = self._fn["actor_apply"](grad, loss, entropy, actor_stats)
         row[COL["actor_loss"] :].copy_(values)
 
     def _prepare_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,72 @@
+"""Data-parallel flashsac_opt: one learner per rank, one averaged bucket per network update.
+
+Each rank samples its own batch from its own (rank-local) replay and runs the same update
+schedule. Between the loss and the optimizer step, everything the step reads that depends
+on the batch is averaged across ranks in **one** all-reduce per network update: the flat
+gradient (the parameters are already one flat buffer, so the bucket is the gradient plus a
+few hundred floats), the loss (so the finite guard decides the same on every rank: a
+non-finite value on any rank makes the average non-finite and every rank skips), the new
+BatchNorm running statistics and, for the actor, the entropy that drives the temperature.
+Identical inputs to a deterministic step keep the parameters, Adam moments, BN statistics,
+target network and temperature bit-identical on all ranks.
+
+BatchNorm batch statistics stay rank-local inside the forward (as DDP without SyncBN); the
+running statistics are averaged. Reward statistics are updated from the transitions of all
+ranks (gathered), so the reward scale is global and identical everywhere.
+
+The collective runs between the compiled loss and step functions (``fused_update`` is off
+for a data-parallel learner: a collective inside the fused graph would need functional
+collectives in Inductor). In ``graph`` mode the all-reduce is captured with the rest of the
+iteration (NCCL collectives are capturable), so an iteration is still one graph launch.
+
+gloo (CPU) has no AVG reduction: the bucket is summed and divided by the world size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class RankAverager:
+    """Collectives of a data-parallel learner over one process group."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("data-parallel flashsac_opt needs torch.distributed.init_process_group() first")
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.bucket_numels: list[int] = []  # size of each all-reduce of the last iteration
+
+    def average(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Average ``tensors`` across ranks in one all-reduce; returns new tensors (same shapes, dtypes)."""
+        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        flat = flat / self.world_size
+        self.bucket_numels.append(flat.numel())
+        out, start = [], 0
+        for t in tensors:
+            out.append(flat[start : start + t.numel()].view(t.shape).to(t.dtype))
+            start += t.numel()
+        return out
+
+    @torch.no_grad()
+    def broadcast_(self, tensors: list[torch.Tensor], src: int = 0) -> None:
+        """Overwrite ``tensors`` in place with rank ``src``'s values."""
+        for t in tensors:
+            dist.broadcast(t, src=src, group=self.group)
+
+    def gather_envs(self, x: torch.Tensor) -> torch.Tensor:
+        """All ranks' ``x`` concatenated along the last (environment) dimension, in rank order."""
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+def collective_bytes_per_iteration(learner, updates_per_step: int, policy_frequency: int) -> int:
+    """Bytes each rank all-reduces per iteration (fp32 buckets), from the learner's layout."""
+    critic = learner.critic.layout.numel + 1 + 2 * learner.critic.stats_layout.numel
+    actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
+    actor_updates = len(range(0, updates_per_step, policy_frequency))
+    return 4 * (updates_per_step * critic + actor_updates * actor)

@@ -1,0 +1,117 @@
+"""Data-parallel learner on CPU: 2 gloo processes (torch.multiprocessing), as CI runs it."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.data_parallel import collective_bytes_per_iteration
+from flashsac_opt.learner import COL, FlashSACLearner
+from flashsac_opt.oracle import synthetic_batch
+
+DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
+SMALL = dict(batch_size=16, updates_per_step=4, policy_frequency=2, actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str, scenario: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(100 + rank)  # different seeds: the learner must still start equal
+        mode = "compile" if scenario == "compile" else "eager"
+        overrides = {"compile_backend": "aot_eager"} if mode == "compile" else {}
+        learner = FlashSACLearner(FlashSACConfig(**SMALL, learner_mode=mode, **overrides), process_group=True, **DIMS)
+        rows = SMALL["batch_size"] * SMALL["updates_per_step"]
+        # "same_data": every rank gets rank 0's batches (compared with one process below);
+        # otherwise each rank draws its own (rank-local replay).
+        g = torch.Generator().manual_seed(0 if scenario == "same_data" else 1 + rank)
+        for it in range(3):
+            b = synthetic_batch(rows, generator=g, **DIMS)
+            if scenario == "nan" and it == 1 and rank == 1:
+                b["rewards"][0] = float("nan")  # one rank's batch poisons this iteration's first critic step
+            learner.update_reward_stats(torch.randn(2, 8, generator=g), torch.zeros(2, 8))
+            torch.manual_seed(7 + it)
+            learner.update(b)
+        state = learner.state_dict()
+        state["metrics_table"] = learner.update_metrics_table()
+        torch.save(state, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(tmp_path, scenario: str, world: int = 2) -> list[dict]:
+    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path), scenario), nprocs=world, start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _tensors(state: dict, prefix: str = ""):
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            yield prefix + key, value
+        elif isinstance(value, dict):
+            yield from _tensors(value, f"{prefix}{key}.")
+
+
+@pytest.mark.parametrize("scenario", ["eager", "compile"])
+def test_ranks_with_different_data_stay_bit_identical(tmp_path, scenario):
+    s0, s1 = _run(tmp_path, scenario)
+    t0, t1 = dict(_tensors(s0)), dict(_tensors(s1))
+    assert t0.keys() == t1.keys()
+    for name in t0:
+        assert torch.equal(t0[name], t1[name]), name
+    # The ranks trained on different batches: the run moved the networks away from init.
+    fresh = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS)
+    assert not torch.equal(s0["critic"]["params"], fresh.critic.params.detach())
+
+
+def test_two_ranks_on_the_same_data_equal_one_process(tmp_path):
+    """Averaging two identical gradients is exact, so 2 ranks x the same batches == 1 process
+    (reward statistics aside: the ranks fold in both ranks' copies of the rewards)."""
+    s0, _ = _run(tmp_path, "same_data")
+    torch.manual_seed(100)
+    single = FlashSACLearner(FlashSACConfig(**SMALL, fused_update=False), **DIMS)
+    g = torch.Generator().manual_seed(0)
+    rows = SMALL["batch_size"] * SMALL["updates_per_step"]
+    for it in range(3):
+        b = synthetic_batch(rows, generator=g, **DIMS)
+        r = torch.randn(2, 8, generator=g)
+        single.update_reward_stats(torch.cat([r, r], dim=-1), torch.zeros(2, 16))
+        torch.manual_seed(7 + it)
+        single.update(b)
+    # rank 0 of the pair started from seed 100 as the single learner did
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(s0[name]["params"], single.state_dict()[name]["params"]), name
+    assert torch.equal(s0["optim"]["critic"]["exp_avg_sq"], single.critic_adam.exp_avg_sq)
+
+
+def test_non_finite_batch_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    s0, s1 = _run(tmp_path, "nan")
+    for s in (s0, s1):
+        assert float(s["skipped_totals"][0]) >= 1.0  # critic steps skipped, counted on both ranks
+    assert torch.equal(s0["critic"]["params"], s1["critic"]["params"])
+    assert torch.isfinite(s0["critic"]["params"]).all()
+    # training continued: the last iteration applied its critic steps
+    assert float(s0["metrics_table"][-2, COL["critic_applied"]]) == 1.0
+
+
+def test_collective_bytes_follow_the_layout():
+    learner = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS)
+    per_critic = learner.critic.layout.numel + 1 + 2 * learner.critic.stats_layout.numel
+    per_actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
+    assert collective_bytes_per_iteration(learner, 4, 2) == 4 * (4 * per_critic + 2 * per_actor)
+    assert collective_bytes_per_iteration(learner, 3, 2) == 4 * (3 * per_critic + 2 * per_actor)
+
+
+def test_data_parallel_needs_an_initialized_process_group():
+    with pytest.raises(ValueError, match="init_process_group"):
+        FlashSACLearner(FlashSACConfig(**SMALL), process_group=True, **DIMS)
