@@ -25,24 +25,31 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, out_dir: str, scenario: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cuda = scenario == "nccl_graph"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(100 + rank)  # different seeds: the learner must still start equal
-        mode = "compile" if scenario == "compile" else "eager"
+        mode = {"compile": "compile", "nccl_graph": "graph"}.get(scenario, "eager")
         overrides = {"compile_backend": "aot_eager"} if mode == "compile" else {}
-        learner = FlashSACLearner(FlashSACConfig(**SMALL, learner_mode=mode, **overrides), process_group=True, **DIMS)
+        learner = FlashSACLearner(
+            FlashSACConfig(**SMALL, learner_mode=mode, **overrides), process_group=True, device=device, **DIMS
+        )
         rows = SMALL["batch_size"] * SMALL["updates_per_step"]
         # "same_data": every rank gets rank 0's batches (compared with one process below);
         # otherwise each rank draws its own (rank-local replay).
         g = torch.Generator().manual_seed(0 if scenario == "same_data" else 1 + rank)
         for it in range(3):
-            b = synthetic_batch(rows, generator=g, **DIMS)
+            b = {k: v.to(device) for k, v in synthetic_batch(rows, generator=g, **DIMS).items()}
             if scenario == "nan" and it == 1 and rank == 1:
                 b["rewards"][0] = float("nan")  # one rank's batch poisons this iteration's first critic step
-            learner.update_reward_stats(torch.randn(2, 8, generator=g), torch.zeros(2, 8))
+            learner.update_reward_stats(torch.randn(2, 8, generator=g).to(device), torch.zeros(2, 8, device=device))
             torch.manual_seed(7 + it)
             learner.update(b)
-        state = learner.state_dict()
+        to_cpu = lambda t: t.cpu() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        state = torch.utils._pytree.tree_map(to_cpu, learner.state_dict())
         state["metrics_table"] = learner.update_metrics_table()
         torch.save(state, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -72,6 +79,17 @@ def test_ranks_with_different_data_stay_bit_identical(tmp_path, scenario):
     # The ranks trained on different batches: the run moved the networks away from init.
     fresh = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS)
     assert not torch.equal(s0["critic"]["params"], fresh.critic.params.detach())
+
+
+@pytest.mark.gpu
+def test_nccl_graph_mode_ranks_stay_bit_identical(tmp_path):
+    """Two GPUs, NCCL, graph mode: the all-reduces are captured with the iteration."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    s0, s1 = _run(tmp_path, "nccl_graph")
+    for name, t in _tensors(s0):
+        assert torch.equal(t, dict(_tensors(s1))[name]), name
+    assert torch.isfinite(s0["critic"]["params"]).all()
 
 
 def test_two_ranks_on_the_same_data_equal_one_process(tmp_path):

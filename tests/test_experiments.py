@@ -173,3 +173,23 @@ def test_time_reward_plot_bands_over_seeds(tmp_path):
     assert png.stat().st_size > 10_000
     missing = run("plot_time_reward.py", "--group", "x", str(tmp_path / "nope"), "--output", str(out), "--plot", str(png))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
+    """Two gloo ranks on CPU (eager): the multi-GPU benchmark's JSON schema and plot."""
+    out, png = tmp_path / "mg.json", tmp_path / "mg.png"
+    done = run("benchmark_multigpu.py", "--device", "cpu", "--nproc", "1", "2", "--workloads", "T", "--iters", "2",
+               "--warmup", "1", "--capacity", "256", "--output", str(out), "--plot", str(png))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["mode"] == "eager" and report["scaling"].startswith("weak")
+    one, two = sorted(report["cells"], key=lambda c: c["world_size"])
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["scaling_efficiency"] == 1.0 and one["collective_bytes_per_rank"] == 0
+    assert two["finite"] and two["collective_bytes_per_rank"] > 0
+    assert two["bytes_sampled_global"] == 2 * two["bytes_sampled_per_rank"] == 2 * one["bytes_sampled_per_rank"]
+    assert two["sample_new_ratio_global"] == 2 * one["sample_new_ratio_global"] == 2 * 16 * 4 / 2048
+    assert len(two["ranks_ms_median"]) == 2 and two["scaling_efficiency"] == one["ms_median"] / two["ms_median"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run("benchmark_multigpu.py", "--device", "cpu", "--mode", "graph")
+    assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,268 @@
+"""Data-parallel flashsac_opt on 1/2/4/8 GPUs: ms per iteration, scaling, replay traffic.
+
+Each world size N runs as N spawned processes (NCCL on CUDA, gloo on CPU). Every rank owns
+a rank-local GPUReplay filled with synthetic G1-shaped rows and runs the learner in graph
+mode by default, sampling inside the captured iteration; the gradient buckets are averaged
+across ranks inside the same graph (flashsac_opt/data_parallel.py).
+
+Weak scaling: each rank keeps the workload's batch, so the global batch grows with N.
+  scaling_efficiency = t(1) / t(N)      (1.0 = the collectives cost nothing)
+  collective_share   = (t(N) - t(1)) / t(N)
+Replay traffic per iteration (seed 003 Tier 2): rows and bytes each rank samples (on its own
+GPU: no H2D), the global sum, the bytes each rank all-reduces, and the global sample:new
+ratio against one collector writing --new-rows rows per iteration (2048: motion tracking).
+
+    python experiments/benchmark_multigpu.py --nproc 1 2 4 8 --workloads W3 W4 --output results/benchmark_multigpu.json --plot results/benchmark_multigpu.png
+    python experiments/benchmark_multigpu.py --device cpu --nproc 1 2 --workloads T --iters 3   # CPU smoke (gloo, eager)
+
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the device notes require.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+WORKLOADS = {
+    "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
+    "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
+    # tiny, for the CPU smoke run in CI
+    "T": dict(batch_size=16, updates_per_step=4, policy_frequency=2, obs_dim=12, critic_obs_dim=15, action_dim=4,
+              actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21),
+}
+DIM_KEYS = ("obs_dim", "critic_obs_dim", "action_dim")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fill(replay, rows: int, dims: dict, device, seed: int) -> None:
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    randn = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
+    dones = (torch.rand(rows, device=device, generator=g) < 0.02).float()
+    replay.extend({
+        "obs": randn(rows, dims["obs_dim"]), "next_obs": randn(rows, dims["obs_dim"]),
+        "actions": torch.tanh(randn(rows, dims["action_dim"])), "rewards": 0.5 * randn(rows) + 0.1,
+        "dones": dones, "truncated": torch.zeros(rows, device=device),
+        "critic": randn(rows, dims["critic_obs_dim"]), "next_critic": randn(rows, dims["critic_obs_dim"]),
+    })
+
+
+def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.data_parallel import collective_bytes_per_iteration
+    from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.replay import GPUReplay
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    cuda = spec["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                            device_id=device if cuda else None)
+    try:
+        w = dict(spec["workload"])
+        dims = {k: w.pop(k) for k in DIM_KEYS}
+        cfg = FlashSACConfig(**w, learner_mode=spec["mode"], use_amp=cuda, amp_dtype="bf16", gamma=0.97, tau=0.05)
+        torch.manual_seed(rank)
+        start = time.perf_counter()
+        learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 else None, **dims)
+        replay = GPUReplay(spec["capacity"], device=device, seed=1000 + rank, **dims)
+        _fill(replay, spec["capacity"], dims, device, seed=rank)
+        u, pf, bsz = cfg.updates_per_step, cfg.policy_frequency, cfg.batch_size
+
+        def iteration() -> None:
+            learner.update_from_replay(replay)
+            learner.read_metrics()  # the one D2H copy; it also waits for the iteration
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+
+        iteration()
+        cold = time.perf_counter() - start
+        for _ in range(spec["warmup"]):
+            iteration()
+        dist.barrier()
+        times = []
+        for _ in range(spec["iters"]):
+            t0 = time.perf_counter()
+            iteration()
+            times.append((time.perf_counter() - t0) * 1e3)
+        finite = bool(torch.isfinite(learner.critic.params).all()) and bool(torch.isfinite(learner.actor.params).all())
+        row_bytes = replay.obs.element_size() * replay.layout.obs_width + replay.rest.element_size() * replay.layout.rest_width
+        mine = {
+            "rank": rank, "ms": times, "cold_start_s": cold, "finite": finite,
+            "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
+            "rows_sampled": u * bsz, "bytes_sampled": u * bsz * row_bytes,
+            "collective_bytes": collective_bytes_per_iteration(learner, u, pf) if world > 1 else 0,
+        }
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            Path(result_path).write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_world(world: int, wname: str, args) -> dict:
+    import torch.multiprocessing as mp
+
+    spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
+            "iters": args.iters, "warmup": args.warmup}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ranks.json")
+        mp.start_processes(_worker, args=(world, _free_port(), spec, path), nprocs=world, start_method="spawn")
+        ranks = json.loads(Path(path).read_text())
+    w = WORKLOADS[wname]
+    r0 = ranks[0]
+    return {
+        "workload": wname, "world_size": world, **{k: w[k] for k in ("batch_size", "updates_per_step", "policy_frequency")},
+        "ms_median": statistics.median(r0["ms"]), "ms_p90": percentile(r0["ms"], 0.9),
+        "ms_median_slowest_rank": max(statistics.median(r["ms"]) for r in ranks),
+        "global_updates_per_s": world * w["updates_per_step"] / (statistics.median(r0["ms"]) / 1e3),
+        "cold_start_s_max": max(r["cold_start_s"] for r in ranks),
+        "peak_memory_mib_max": max((r["peak_memory_mib"] or 0.0) for r in ranks) or None,
+        "finite": all(r["finite"] for r in ranks),
+        "rows_sampled_per_rank": r0["rows_sampled"], "bytes_sampled_per_rank": r0["bytes_sampled"],
+        "bytes_sampled_global": sum(r["bytes_sampled"] for r in ranks),
+        "h2d_bytes_per_rank": 0,  # rank-local GPU replay: sampled on the device
+        "collective_bytes_per_rank": r0["collective_bytes"],
+        "sample_new_ratio_global": world * r0["rows_sampled"] / args.new_rows,
+        "ranks_ms_median": [statistics.median(r["ms"]) for r in ranks],
+    }
+
+
+def add_scaling(cells: list[dict]) -> None:
+    for c in cells:
+        base = next((b for b in cells if b["workload"] == c["workload"] and b["world_size"] == 1 and "ms_median" in b), None)
+        if base and "ms_median" in c:
+            c["scaling_efficiency"] = base["ms_median"] / c["ms_median"]
+            c["collective_share"] = max(0.0, (c["ms_median"] - base["ms_median"]) / c["ms_median"])
+
+
+def environment(args) -> dict:
+    import torch
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "torch": torch.__version__, "python": platform.python_version(), "cpu_cores": os.cpu_count(),
+        "NCCL_NVLS_ENABLE": "0",
+    }
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [c for c in report["cells"] if "ms_median" in c]
+    workloads = sorted({c["workload"] for c in cells})
+    fig, axes = plt.subplots(1, max(len(workloads), 1), figsize=(5.5 * max(len(workloads), 1), 4.5), squeeze=False)
+    for ax, wname in zip(axes[0], workloads):
+        rows = sorted((c for c in cells if c["workload"] == wname), key=lambda c: c["world_size"])
+        xs = [str(c["world_size"]) for c in rows]
+        bars = ax.bar(xs, [c["ms_median"] for c in rows], color="#08519c",
+                      yerr=[[0] * len(rows), [c["ms_p90"] - c["ms_median"] for c in rows]], capsize=3)
+        ax.bar_label(bars, labels=[f"{c['ms_median']:.2f} ms\n{c.get('scaling_efficiency', 1.0):.0%}" for c in rows], fontsize=8)
+        ax.set_xlabel("GPUs (ranks)")
+        ax.set_ylabel("ms per iteration (median; whisker p90)")
+        ax.set_title(f"{wname}: B{rows[0]['batch_size']} x {rows[0]['updates_per_step']} per rank (label: efficiency)")
+        ax.grid(axis="y", alpha=0.3)
+    env = report["environment"]
+    fig.suptitle(f"Data-parallel flashsac_opt ({report['mode']} mode, {env.get('gpu') or env.get('device')}, torch {env.get('torch')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--workloads", nargs="+", default=["W3", "W4"], choices=list(WORKLOADS))
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--mode", choices=("eager", "compile", "graph"), help="learner_mode (default: graph on cuda, eager on cpu)")
+    parser.add_argument("--capacity", type=int, default=1 << 18, help="replay rows per rank")
+    parser.add_argument("--new-rows", type=int, default=2048, help="rows one collector writes per iteration (sample:new ratio)")
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
+    args = parser.parse_args(argv)
+    if args.plot_only:
+        if not args.plot:
+            parser.error("--plot-only needs --plot PATH")
+        plot(json.loads(args.plot_only.read_text()), args.plot)
+        return 0
+    import torch
+
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda needs a CUDA device (use --device cpu for the gloo smoke run)")
+        skipped = [n for n in args.nproc if n > torch.cuda.device_count()]
+        args.nproc = [n for n in args.nproc if n <= torch.cuda.device_count()]
+    else:
+        skipped = []
+    if any(n < 1 for n in args.nproc):
+        parser.error("--nproc values must be >= 1")
+    args.mode = args.mode or ("graph" if args.device == "cuda" else "eager")
+    if args.mode == "graph" and args.device != "cuda":
+        parser.error("--mode graph needs --device cuda")
+    report = {
+        "experiment": "benchmark_multigpu",
+        "timed": "per rank, host clock around update_from_replay (sampling inside the iteration) + metrics read + stream sync; ranks start together after a barrier",
+        "scaling": "weak: the per-rank batch is fixed, so the global batch grows with the world size",
+        "mode": args.mode, "capacity_per_rank": args.capacity, "new_rows_per_iteration": args.new_rows,
+        "world_sizes_skipped": {str(n): "more ranks than visible GPUs" for n in skipped},
+        "environment": environment(args), "command": " ".join(["python", *sys.argv]), "cells": [],
+    }
+    for wname in args.workloads:
+        for world in sorted(set(args.nproc)):
+            print(f"== {wname} x {world} ranks", flush=True)
+            try:
+                cell = run_world(world, wname, args)
+            except Exception as exc:  # keep measuring the other cells  # noqa: BLE001
+                cell = {"workload": wname, "world_size": world, "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc()[-3000:]}
+            report["cells"].append(cell)
+            add_scaling(report["cells"])
+            print("   " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()
+                                      if k in ("ms_median", "ms_p90", "scaling_efficiency", "collective_share", "error")}), flush=True)
+            if args.output:
+                args.output.parent.mkdir(parents=True, exist_ok=True)
+                args.output.write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
