@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Real G1 trainings on the device (issues 4 and 5): stock UniLab 1.5.2 vs patched UniLab with
+# flashsac_opt, 256 envs, batch 256, then stock UniLab's `eval` on the patched run's checkpoint.
+#   here:   bash experiments/fetch_device_wheels.sh --training     (carry .whl to the device)
+#   device: bash experiments/gpu_trainings.sh U2 [ITERATIONS]      # one call (< 10 min) per U
+#           bash experiments/gpu_trainings.sh U8 [ITERATIONS]
+# Stock and patched UniLab are two copies of the same wheel (/tmp/stock, /tmp/patched); the
+# patched one gets `flashsac-opt unilab apply`. G1 meshes are placeholders (visual only, same
+# physics; ../shared/reference/unilab.md). UniLab compiles with
+# TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock autotuning takes > 7 min).
+set -uo pipefail
+case "${1:-}" in U2|U8) U=${1#U} ;; *) echo "usage: $0 U2|U8 [ITERATIONS]" >&2; exit 2 ;; esac
+ITER=${2:-300}
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache" TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deps .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/deps:$PWD"
+python3 - <<'PY' || exit 1
+import shutil, sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+from unilab_tree import add_g1_placeholders
+from flashsac_opt import unilab_patch
+for name in ("stock", "patched"):
+    site = Path("/tmp") / name
+    if not (site / "unilab").is_dir():
+        shutil.copytree("/tmp/deps/unilab", site / "unilab")
+        for info in Path("/tmp/deps").glob("unilab-*.dist-info"):
+            shutil.copytree(info, site / info.name)
+        add_g1_placeholders(site / "unilab")
+unilab_patch.apply(Path("/tmp/patched"))
+print(unilab_patch.status(Path("/tmp/patched")))
+PY
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt"
+COMMON=(--num-envs 256 --batch-size 256 --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) --learning-starts 8 --replay-buffer-n 32)
+timeout 420 python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/stock --learner unilab --mode graph "${COMMON[@]}" \
+  --log-root /tmp/logs_stock_u$U --output "$OUT/training_u${U}_unilab_graph.json" > "$OUT/training_u${U}_unilab_graph.log" 2>&1
+echo "stock rc=$?"; tail -n 2 "$OUT/training_u${U}_unilab_graph.log"
+timeout 240 python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/patched --learner flashsac_opt --mode graph "${COMMON[@]}" \
+  --log-root /tmp/logs_patched_u$U --output "$OUT/training_u${U}_flashsac_opt_graph.json" > "$OUT/training_u${U}_flashsac_opt_graph.log" 2>&1
+echo "patched rc=$?"; tail -n 2 "$OUT/training_u${U}_flashsac_opt_graph.log"
+# Stock UniLab's eval on the patched run's last checkpoint (a few steps; the video is best effort).
+RUN=$(ls -d /tmp/logs_patched_u$U/G1WalkFlat/*/ 2>/dev/null | tail -n 1)
+if [ -n "$RUN" ]; then
+  PYTHONPATH="/tmp/stock:/tmp/deps" timeout 120 python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
+    --algo flashsac --task g1_walk_flat --sim mujoco --load-run "$(basename "$RUN")" --render-mode record \
+    training.play_steps=20 training.play_env_num=4 training.export_onnx=false training.log_root=/tmp/logs_patched_u$U \
+    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml > "$OUT/stock_eval_of_patched_u$U.log" 2>&1
+  echo "stock eval rc=$?"; grep -m1 "Loading flashsac checkpoint" "$OUT/stock_eval_of_patched_u$U.log"
+fi
