@@ -190,6 +190,7 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert two["bytes_sampled_global"] == 2 * two["bytes_sampled_per_rank"] == 2 * one["bytes_sampled_per_rank"]
     assert two["sample_new_ratio_global"] == 2 * one["sample_new_ratio_global"] == 2 * 16 * 4 / 2048
     assert len(two["ranks_ms_median"]) == 2 and two["scaling_efficiency"] == one["ms_median"] / two["ms_median"]
+    assert two["collective_ms_per_iteration"] == max(0.0, two["ms_median"] - one["ms_median"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = run("benchmark_multigpu.py", "--device", "cpu", "--mode", "graph")
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
