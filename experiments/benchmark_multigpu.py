@@ -84,8 +84,9 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
     if cuda:
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            device_id=device if cuda else None)
+    if world > 1:  # one rank needs no process group (and gloo's 1-rank teardown can abort)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                                device_id=device if cuda else None)
     try:
         w = dict(spec["workload"])
         dims = {k: w.pop(k) for k in DIM_KEYS}
@@ -107,7 +108,8 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
         cold = time.perf_counter() - start
         for _ in range(spec["warmup"]):
             iteration()
-        dist.barrier()
+        if world > 1:
+            dist.barrier()
         times = []
         for _ in range(spec["iters"]):
             t0 = time.perf_counter()
@@ -121,12 +123,15 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
             "rows_sampled": u * bsz, "bytes_sampled": u * bsz * row_bytes,
             "collective_bytes": collective_bytes_per_iteration(learner, u, pf) if world > 1 else 0,
         }
-        gathered = [None] * world
-        dist.all_gather_object(gathered, mine)
+        gathered = [mine]
+        if world > 1:
+            gathered = [None] * world
+            dist.all_gather_object(gathered, mine)
         if rank == 0:
             Path(result_path).write_text(json.dumps(gathered))
     finally:
-        dist.destroy_process_group()
+        if world > 1:
+            dist.destroy_process_group()
 
 
 def run_world(world: int, wname: str, args) -> dict:

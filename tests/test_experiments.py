@@ -185,6 +185,7 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert report["mode"] == "eager" and report["scaling"].startswith("weak")
     one, two = sorted(report["cells"], key=lambda c: c["world_size"])
     assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert "error" not in one and "error" not in two, (one.get("traceback"), two.get("traceback"))
     assert one["scaling_efficiency"] == 1.0 and one["collective_bytes_per_rank"] == 0
     assert two["finite"] and two["collective_bytes_per_rank"] > 0
     assert two["bytes_sampled_global"] == 2 * two["bytes_sampled_per_rank"] == 2 * one["bytes_sampled_per_rank"]
