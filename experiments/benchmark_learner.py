@@ -10,6 +10,9 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
+  ours_graph_tuned: graph mode with Inductor's coordinate-descent tuning of every Triton
+    kernel's launch config (what UniLab's max-autotune-no-cudagraphs mode also turns on):
+    faster kernels for a longer cold start
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -52,6 +55,7 @@ WORKLOADS = {
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
     "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
+    "ours_graph_tuned",
 )
 POOL_ROWS = 65536
 
@@ -137,6 +141,9 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
 
         if variant in ("ours_graph_fused", "ours_graph_split"):
             cfg = cfg.replace(learner_mode="graph", fused_update=variant == "ours_graph_fused")
+        elif variant == "ours_graph_tuned":
+            options = {**(cfg.inductor_options or {}), "coordinate_descent_tuning": True}
+            cfg = cfg.replace(learner_mode="graph", inductor_options=options)
         else:
             cfg = cfg.replace(learner_mode=variant[5:])
         learner = FlashSACLearner(cfg, device=device, **dims)
@@ -205,7 +212,7 @@ def ratios(cells: list[dict]) -> list[dict]:
         if "unilab_graph" not in by:
             continue
         c_ms, row = by["unilab_graph"]["ms_median"], {"workload": w}
-        for v in ("ours_graph", "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
+        for v in ("ours_graph", "ours_graph_tuned", "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
             if v in by:
                 row[f"{v}_vs_unilab_graph"] = by[v]["ms_median"] / c_ms
         if "unilab_compile" in by and "ours_compile" in by:
@@ -349,7 +356,7 @@ def plot(report: dict, path: Path) -> None:
     variants = [v for v in VARIANTS if any(c["variant"] == v for c in cells)]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3"}
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f"}
     for i, v in enumerate(variants):
         xs, ys, errs = [], [], []
         for j, w in enumerate(workloads):

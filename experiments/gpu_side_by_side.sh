@@ -4,6 +4,8 @@
 #   bash experiments/gpu_side_by_side.sh prewarm      # cold compiles, in parallel, + GPU tests
 #   bash experiments/gpu_side_by_side.sh main W1 W2   # timed run, one process, warm cache
 #   bash experiments/gpu_side_by_side.sh main W3 W4
+# or, one workload per call from a cold machine (UniLab (c) compiles ~300 s of the ~9 min):
+#   bash experiments/gpu_side_by_side.sh one W3
 # Cold-start figures come from the prewarm processes (7 compiling at once on 16 cores:
 # an upper bound); the main run's cold_start_s is with a warm Inductor cache.
 # UniLab compiles with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock GEMM
@@ -35,5 +37,8 @@ case "${1:-}" in
     tag=$(IFS=_; echo "$*")
     timeout 590 $B --variants $ALL --workloads "$@" --iters 30 --note "warm Inductor cache (prewarmed in the previous call)" \
       --output "$OUT/side_by_side_$tag.json" 2>&1 | tee "$OUT/side_by_side_$tag.log" ;;
-  *) echo "usage: $0 prewarm | main W... " >&2; exit 2 ;;
+  one)
+    timeout 590 $B --variants unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph --workloads "$2" --iters 30 \
+      --note "cold Inductor cache, one workload per process" --output "$OUT/side_by_side_$2.json" 2>&1 | tee "$OUT/side_by_side_$2.log" ;;
+  *) echo "usage: $0 prewarm | main W... | one W" >&2; exit 2 ;;
 esac
