@@ -7,6 +7,22 @@ import json
 from typing import Callable
 
 
+def run_environment(device: str) -> dict:
+    """Where and when a result was measured (stored in every experiment's JSON)."""
+    import datetime
+    import platform
+
+    import torch
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def plot_only_or_require_cuda(parser: argparse.ArgumentParser, args: argparse.Namespace, plot: Callable) -> bool:
     """Handle --plot-only (returns True: done) or fail cleanly without a CUDA device."""
     if args.plot_only:
@@ -19,3 +35,26 @@ def plot_only_or_require_cuda(parser: argparse.ArgumentParser, args: argparse.Na
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA device")
     return False
+
+
+def write_report(report: dict, output, plot: Callable | None = None, plot_path=None) -> None:
+    """The experiment's JSON (with the command line that made it) and, if asked, its figure."""
+    import sys
+
+    report.setdefault("command", " ".join(["python", *sys.argv]))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1))
+    if plot is not None and plot_path:
+        plot(report, plot_path)
+
+
+def load_replay_file(parser: argparse.ArgumentParser, path) -> dict:
+    """A recorded replay file (FLASHSAC_OPT_RECORD_REPLAY), or a one-line parser error."""
+    import torch
+
+    if not path.is_file():
+        parser.error(f"replay file {path} not found (record one: FLASHSAC_OPT_RECORD_REPLAY=PATH:N)")
+    recorded = torch.load(path, weights_only=True)
+    if not isinstance(recorded, dict) or recorded.get("format") != "flashsac_opt.replay/1":
+        parser.error(f"{path} is not a flashsac_opt replay file")
+    return recorded

@@ -20,13 +20,12 @@ Checks, written to JSON (+ a figure of the drift and memory curves):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
+from common import load_replay_file, run_environment, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_REPLAY = REPO / "results" / "replay_g1_cpu.pt"
@@ -94,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is available")
     if args.mode == "graph" and args.device != "cuda":
         parser.error("--mode graph needs --device cuda")
-    if not args.replay.is_file():
-        parser.error(f"replay file {args.replay} not found (record one: FLASHSAC_OPT_RECORD_REPLAY=PATH:N)")
-    replay = torch.load(args.replay, weights_only=True)
-    if replay.get("format") != "flashsac_opt.replay/1":
-        parser.error(f"{args.replay} is not a flashsac_opt replay file")
+    replay = load_replay_file(parser, args.replay)
 
     from torch._dynamo.utils import counters
 
@@ -181,19 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         "criterion": "tracks_eager: final norm-relative drift of each network <= 10 x the rounding floor's + 1e-6",
         "checks": checks,
         "passed": all(v is not False for v in checks.values()),
-        "environment": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": args.device,
-            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
-        "command": " ".join(["python", *sys.argv]),
+        "environment": run_environment(args.device),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=1))
-    if args.plot:
-        plot(report, args.plot)
+    write_report(report, args.output, plot, args.plot)
     print(json.dumps({"checks": checks, "final_drift": final}, indent=1))
     return 0 if report["passed"] else 1
 

@@ -195,3 +195,15 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = run("benchmark_multigpu.py", "--device", "cpu", "--mode", "graph")
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bf16_obs_storage_experiment_short_cpu_run(tmp_path):
+    out = tmp_path / "bf16.json"
+    done = run("validate_bf16_obs_storage.py", "--iterations", "2", "--batch-size", "16", "--output", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["stored_row_bytes"]["bf16_obs"] < report["stored_row_bytes"]["fp32"]
+    assert 0 < report["obs_storage_max_relative_error"]["obs"] <= 2**-8  # bf16: 8 significant bits
+    assert len(report["drift"]["bf16_obs"]["critic"]) == 2 and report["finite"]
+    # the storage rounding moves the run more than the 1e-7 rounding floor does
+    assert report["final_drift"]["bf16_obs"]["critic"] > report["final_drift"]["rounding_floor"]["critic"] > 0
