@@ -87,3 +87,39 @@ def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[...
         name: torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
         for name, fn in functions.items()
     }
+
+
+def load_compile_cache(path: str) -> bool:
+    """Pre-populate torch.compile's caches from a saved artifact file; False if there is none."""
+    from pathlib import Path
+
+    import warnings
+
+    file = Path(path)
+    if not file.is_file():
+        return False
+    try:
+        info = torch.compiler.load_cache_artifacts(file.read_bytes())
+        problem = None if info is not None else "torch rejected it (see its log)"
+    except Exception as exc:  # a corrupt or foreign file must not stop training  # noqa: BLE001
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        warnings.warn(f"compile cache {file} could not be loaded ({problem}); compiling from scratch and rewriting it", stacklevel=2)
+        return False
+    return True
+
+
+def save_compile_cache(path: str) -> bool:
+    """Write every cache artifact this process's compilations produced (atomically)."""
+    import os
+    from pathlib import Path
+
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:  # nothing cacheable (e.g. the aot_eager backend)
+        return False
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_bytes(saved[0])
+    os.replace(tmp, file)
+    return True

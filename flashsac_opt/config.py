@@ -66,6 +66,11 @@ class FlashSACConfig:
     # Extra Inductor options for the compiled modes, e.g. {"coordinate_descent_tuning": True}
     # (tunes reduction/pointwise launch configs at some compile-time cost).
     inductor_options: dict | None = None
+    # File of torch.compile's portable cache artifacts ("mega-cache"): loaded at construction
+    # when it exists, written after the first compiled iteration when it does not. A fresh
+    # machine (same GPU kind, torch and triton) then skips Inductor's code generation and
+    # Triton compilation. It holds generated code: only point it at files you trust.
+    compile_cache_file: str | None = None
     # One compile boundary per network update: forward, backward (torch.func), finite
     # guard, Adam, renormalization and commits in one graph. False: loss and step compiled
     # apart (autograd between). None: fused when batch_size <= FUSED_UPDATE_MAX_BATCH.

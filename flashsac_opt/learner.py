@@ -27,7 +27,13 @@ from flashsac_opt.objectives import (
     target_entropy,
     temperature_loss_and_grad,
 )
-from flashsac_opt.compile import build_update_functions, mark_static, persistent_state
+from flashsac_opt.compile import (
+    build_update_functions,
+    load_compile_cache,
+    mark_static,
+    persistent_state,
+    save_compile_cache,
+)
 from flashsac_opt.graph import WholeCycleGraph
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
@@ -138,6 +144,9 @@ class FlashSACLearner:
             )
         # The ranks' collective sits between loss and step, so data parallel uses the split form.
         self.fused_update = cfg.use_fused_update and self.averager is None
+        compiled = cfg.learner_mode != "eager"
+        self.compile_cache_loaded = bool(compiled and cfg.compile_cache_file and load_compile_cache(cfg.compile_cache_file))
+        self._save_compile_cache = bool(compiled and cfg.compile_cache_file and not self.compile_cache_loaded)
         self._fn = build_update_functions(self)
         self._graph = WholeCycleGraph(self) if cfg.learner_mode == "graph" else None
 
@@ -369,7 +378,13 @@ class FlashSACLearner:
             self._graph.run(batch, u_count, pf, bsz)
         else:
             self._run_updates(batch, u_count, pf, bsz)
+        self._end_iteration()
+
+    def _end_iteration(self) -> None:
         self.iterations += 1
+        if self._save_compile_cache:  # once, after the first iteration compiled everything
+            self._save_compile_cache = False
+            save_compile_cache(self.cfg.compile_cache_file)
 
     def update_from_replay(self, replay, updates_per_step: int | None = None, policy_frequency: int | None = None) -> None:
         """One iteration on a large batch sampled from a ``flashsac_opt.replay.GPUReplay``.
@@ -388,7 +403,7 @@ class FlashSACLearner:
         if self.cfg.learner_mode == "graph":
             self._begin_iteration(u_count, pf)
             self._graph.run_sampled(replay, u_count, pf, cfg.batch_size)
-            self.iterations += 1
+            self._end_iteration()
             return
         self.update(replay.sample(u_count * cfg.batch_size), u_count, pf)
 

@@ -238,3 +238,51 @@ def test_gpu_graph_mode_finite_guard_and_recapture():
     assert learner._graph.captures == 1
     learner.update({k: v[:128] for k, v in data[2].items()}, updates_per_step=1, policy_frequency=1)
     assert learner._graph.captures == 2  # a new shape is a new capture
+
+
+def test_compile_cache_file_is_skipped_without_artifacts_and_survives_a_corrupt_file(tmp_path):
+    cache = tmp_path / "compile_cache.bin"
+    learner = make("compile", compile_backend="aot_eager", compile_cache_file=str(cache))
+    learner.update(batches(learner, 1)[0])
+    assert not learner.compile_cache_loaded and not cache.exists()  # aot_eager leaves nothing to cache
+    cache.write_bytes(b"not an artifact file")
+    with pytest.warns(UserWarning, match="could not be loaded"):
+        again = make("compile", compile_backend="aot_eager", compile_cache_file=str(cache))
+    assert not again.compile_cache_loaded
+    again.update(batches(again, 1)[0])
+    assert torch.isfinite(again.critic.params).all()
+
+
+_CACHE_SCRIPT = """
+import json, sys, time, torch
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.learner import FlashSACLearner
+from flashsac_opt.oracle import synthetic_batch
+cfg = FlashSACConfig(batch_size=256, updates_per_step=2, learner_mode="graph", compile_cache_file=sys.argv[1])
+batch = synthetic_batch(512, obs_dim=98, critic_obs_dim=101, action_dim=29, device="cuda")
+start = time.perf_counter()
+learner = FlashSACLearner(cfg, obs_dim=98, critic_obs_dim=101, action_dim=29, device="cuda")
+learner.update(batch)
+torch.cuda.synchronize()
+print(json.dumps({"seconds": time.perf_counter() - start, "loaded": learner.compile_cache_loaded}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_compile_cache_file_cuts_a_fresh_process_cold_start(tmp_path):
+    """Process 1 (empty Inductor cache) writes the artifact file; process 2 (another empty
+    Inductor cache) loads it and starts faster."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "compile_cache.bin"
+    runs = []
+    for i in range(2):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor{i}"), TRITON_CACHE_DIR=str(tmp_path / f"triton{i}"))
+        done = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT, str(cache)], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert cache.is_file() and not runs[0]["loaded"] and runs[1]["loaded"]
+    assert runs[1]["seconds"] < 0.6 * runs[0]["seconds"], runs
