@@ -296,35 +296,31 @@ class FlashSACLearner:
         grad, (loss, (entropy, actor_stats)) = torch.func.grad_and_value(loss_and_aux, has_aux=True)(self.actor.params)
         return self._actor_apply(grad, loss, entropy, actor_stats)
 
-    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
-        noise = self._noise(b["actions"].shape[0])
+    def _network_update(self, name: str, params: torch.Tensor, b: dict[str, torch.Tensor], noise: torch.Tensor, *step_args) -> torch.Tensor:
+        """One update of network ``name`` ("critic" or "actor"); returns its metric values.
+
+        Fused: one compiled graph (``{name}_step``). Split: ``{name}_loss``, autograd, the
+        ranks' average when data parallel, then ``{name}_apply`` on (grad, *loss outputs).
+        """
         if self.fused_update:
             # torch.func computes the gradient whatever the outer grad mode; no_grad keeps
             # AOTAutograd from also building an outer backward for the compiled step.
             with torch.no_grad():
-                values = self._fn["critic_step"](b, noise, polyak)
-        else:
-            out = self._fn["critic_loss"](b, noise)
-            (grad,) = torch.autograd.grad(out.loss, self.critic.params)
-            loss, critic_stats, target_stats = out.loss, out.critic_stats, out.target_stats
-            if self.averager is not None:
-                grad, loss, critic_stats, target_stats = self.averager.average(grad, loss, critic_stats, target_stats)
-            values = self._fn["critic_apply"](grad, loss, critic_stats, target_stats, polyak)
-        row[: COL["critic_applied"] + 1].copy_(values)
+                return self._fn[f"{name}_step"](b, noise, *step_args)
+        out = self._fn[f"{name}_loss"](b, noise)  # (loss, *statistics) as a NamedTuple
+        (grad,) = torch.autograd.grad(out.loss, params)
+        inputs = [grad, *out]
+        if self.averager is not None:
+            inputs = self.averager.average(*inputs)
+        return self._fn[f"{name}_apply"](*inputs, *step_args)
+
+    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
+        noise = self._noise(b["actions"].shape[0])
+        row[: COL["critic_applied"] + 1].copy_(self._network_update("critic", self.critic.params, b, noise, polyak))
 
     def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
         noise = self._noise(2 * b["obs"].shape[0])
-        if self.fused_update:
-            with torch.no_grad():
-                values = self._fn["actor_step"](b, noise)
-        else:
-            out = self._fn["actor_loss"](b, noise)
-            (grad,) = torch.autograd.grad(out.loss, self.actor.params)
-            loss, entropy, actor_stats = out.loss, out.entropy, out.actor_stats
-            if self.averager is not None:
-                grad, loss, entropy, actor_stats = self.averager.average(grad, loss, entropy, actor_stats)
-            values = self._fn["actor_apply"](grad, loss, entropy, actor_stats)
-        row[COL["actor_loss"] :].copy_(values)
+        row[COL["actor_loss"] :].copy_(self._network_update("actor", self.actor.params, b, noise))
 
     def _prepare_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Scalar columns flattened to (N,), rewards divided by the current reward scale."""

@@ -241,6 +241,8 @@ def test_gpu_graph_mode_finite_guard_and_recapture():
 
 
 def test_compile_cache_file_is_skipped_without_artifacts_and_survives_a_corrupt_file(tmp_path):
+    # The artifacts of earlier Inductor compilations in this process would be saved too.
+    torch.compiler._cache.CacheArtifactManager.clear()
     cache = tmp_path / "compile_cache.bin"
     learner = make("compile", compile_backend="aot_eager", compile_cache_file=str(cache))
     learner.update(batches(learner, 1)[0])
