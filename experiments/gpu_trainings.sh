@@ -11,38 +11,51 @@
 set -uo pipefail
 case "${1:-}" in U2|U8) U=${1#U} ;; *) echo "usage: $0 U2|U8 [ITERATIONS]" >&2; exit 2 ;; esac
 ITER=${2:-300}
+# CPU_DRY_RUN=1: a tiny CPU rehearsal of this script on a machine with UniLab, MuJoCo etc.
+# already installed (16 envs, eager, CPU-admitting patch); not a measurement.
+DRY=${CPU_DRY_RUN:-0}
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache" TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deps .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/deps:$PWD"
-python3 - <<'PY' || exit 1
-import shutil, sys
+if [ "$DRY" = 1 ]; then
+  DEPS=$(python3 -c "import unilab, pathlib; print(pathlib.Path(unilab.__file__).parents[1])")
+  MODE=eager; SIZE=(--num-envs 16 --batch-size 32); ITER=${2:-4}
+else
+  DEPS=/tmp/deps; MODE=graph; SIZE=(--num-envs 256 --batch-size 256)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deps .whl/*.whl || exit 1
+fi
+export PYTHONPATH="$DEPS:$PWD"
+DEPS=$DEPS DRY=$DRY python3 - <<'PY' || exit 1
+import os, shutil, sys
 from pathlib import Path
 sys.path.insert(0, "tests")
 from unilab_tree import add_g1_placeholders
 from flashsac_opt import unilab_patch
+deps = Path(os.environ["DEPS"])
 for name in ("stock", "patched"):
     site = Path("/tmp") / name
     if not (site / "unilab").is_dir():
-        shutil.copytree("/tmp/deps/unilab", site / "unilab")
-        for info in Path("/tmp/deps").glob("unilab-*.dist-info"):
+        shutil.copytree(deps / "unilab", site / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
+        for info in deps.glob("unilab-*.dist-info"):
             shutil.copytree(info, site / info.name)
         add_g1_placeholders(site / "unilab")
-unilab_patch.apply(Path("/tmp/patched"))
+cpu = os.environ["DRY"] == "1"
+if cpu:  # stock UniLab refuses CPU off-policy training: both copies get the CPU admission
+    unilab_patch.apply(Path("/tmp/stock"), names=["0002-cpu-offpolicy-smoke"])
+unilab_patch.apply(Path("/tmp/patched"), include_optional=cpu)
 print(unilab_patch.status(Path("/tmp/patched")))
 PY
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt"
-COMMON=(--num-envs 256 --batch-size 256 --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) --learning-starts 8 --replay-buffer-n 32)
-timeout 420 python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/stock --learner unilab --mode graph "${COMMON[@]}" \
-  --log-root /tmp/logs_stock_u$U --output "$OUT/training_u${U}_unilab_graph.json" > "$OUT/training_u${U}_unilab_graph.log" 2>&1
-echo "stock rc=$?"; tail -n 2 "$OUT/training_u${U}_unilab_graph.log"
-timeout 240 python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/patched --learner flashsac_opt --mode graph "${COMMON[@]}" \
-  --log-root /tmp/logs_patched_u$U --output "$OUT/training_u${U}_flashsac_opt_graph.json" > "$OUT/training_u${U}_flashsac_opt_graph.log" 2>&1
-echo "patched rc=$?"; tail -n 2 "$OUT/training_u${U}_flashsac_opt_graph.log"
+{ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/env.txt"
+COMMON=("${SIZE[@]}" --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) --learning-starts 8 --replay-buffer-n 32)
+timeout 420 python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/stock --learner unilab --mode $MODE "${COMMON[@]}" \
+  --log-root /tmp/logs_stock_u$U --output "$OUT/training_u${U}_unilab_$MODE.json" > "$OUT/training_u${U}_unilab_$MODE.log" 2>&1
+echo "stock rc=$?"; tail -n 2 "$OUT/training_u${U}_unilab_$MODE.log"
+timeout 240 python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/patched --learner flashsac_opt --mode $MODE "${COMMON[@]}" \
+  --log-root /tmp/logs_patched_u$U --output "$OUT/training_u${U}_flashsac_opt_$MODE.json" > "$OUT/training_u${U}_flashsac_opt_$MODE.log" 2>&1
+echo "patched rc=$?"; tail -n 2 "$OUT/training_u${U}_flashsac_opt_$MODE.log"
 # Stock UniLab's eval on the patched run's last checkpoint (a few steps; the video is best effort).
 RUN=$(ls -d /tmp/logs_patched_u$U/G1WalkFlat/*/ 2>/dev/null | tail -n 1)
 if [ -n "$RUN" ]; then
-  PYTHONPATH="/tmp/stock:/tmp/deps" timeout 120 python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
+  PYTHONPATH="/tmp/stock:$DEPS" timeout 120 python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
     --algo flashsac --task g1_walk_flat --sim mujoco --load-run "$(basename "$RUN")" --render-mode record \
     training.play_steps=20 training.play_env_num=4 training.export_onnx=false training.log_root=/tmp/logs_patched_u$U \
     env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml > "$OUT/stock_eval_of_patched_u$U.log" 2>&1

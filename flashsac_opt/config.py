@@ -74,6 +74,7 @@ class FlashSACConfig:
     # One compile boundary per network update: forward, backward (torch.func), finite
     # guard, Adam, renormalization and commits in one graph. False: loss and step compiled
     # apart (autograd between). None: fused when batch_size <= FUSED_UPDATE_MAX_BATCH.
+    # Applies to the compiled modes; eager always runs the split form.
     # Measured on the H200 (FLASH_SAC_OPTIMIZATION.md): fused is faster at batch 256 (fewer
     # kernels), slower at 2048/8192, where the single graph keeps more forward activations
     # for the backward than AOTAutograd's recomputing partitioner does.

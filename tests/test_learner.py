@@ -320,16 +320,18 @@ def test_config_from_mapping_and_validation():
 
 
 @pytest.mark.parametrize(
-    ("batch_size", "fused_update", "functions"),
+    ("mode", "batch_size", "fused_update", "functions"),
     [
-        (256, None, ["critic_step", "actor_step"]),  # default: fused up to batch 1024
-        (2048, None, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
-        (2048, True, ["critic_step", "actor_step"]),
-        (256, False, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+        ("compile", 256, None, ["critic_step", "actor_step"]),  # default: fused up to batch 1024
+        ("compile", 2048, None, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+        ("compile", 2048, True, ["critic_step", "actor_step"]),
+        ("compile", 256, False, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+        ("eager", 256, True, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),  # eager: always split
     ],
 )
-def test_compile_boundaries_follow_fused_update(batch_size, fused_update, functions):
-    cfg = FlashSACConfig(**{**SMALL, "batch_size": batch_size, "fused_update": fused_update})
+def test_compile_boundaries_follow_fused_update(mode, batch_size, fused_update, functions):
+    cfg = FlashSACConfig(**{**SMALL, "batch_size": batch_size, "fused_update": fused_update},
+                         learner_mode=mode, compile_backend="aot_eager")
     learner = FlashSACLearner(cfg, **DIMS)
     assert list(learner._fn) == functions
 
