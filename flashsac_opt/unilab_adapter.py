@@ -185,7 +185,14 @@ class UniLabFlashSACLearner:
         self.learner.unilab_update_count = self.update_count
         state = to_unilab_state_dict(self.learner)
         # flashsac_opt's own counters ride along; UniLab ignores unknown keys.
-        state["flashsac_opt"] = {"iterations": self.learner.iterations, "skipped_totals": self.learner.totals.detach().cpu().clone()}
+        state["flashsac_opt"] = {
+            "iterations": self.learner.iterations,
+            "skipped_totals": self.learner.totals.detach().cpu().clone(),
+            # provenance: how this learner was configured through UniLab's config
+            "learner_mode": self.cfg.learner_mode,
+            "fused_update": self.cfg.fused_update,
+            "compile_cache_file": self.cfg.compile_cache_file,
+        }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

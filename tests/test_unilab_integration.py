@@ -195,6 +195,7 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
         "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", "algo.max_iterations=6",
         "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
         "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
+        "algo.algo_params.fused_update=false", f"algo.algo_params.compile_cache_file={tmp_path / 'cc.bin'}",
     ]
     code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
     proc = subprocess.run(
@@ -209,6 +210,9 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     assert checkpoint.is_file() and (run / "model_3.pt").is_file(), log[-3000:]
     state = torch.load(checkpoint, weights_only=True)
     assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
+    # the patch routes flashsac_opt's own knobs from UniLab's config
+    assert state["flashsac_opt"]["fused_update"] is False
+    assert state["flashsac_opt"]["compile_cache_file"] == str(tmp_path / "cc.bin")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run))
