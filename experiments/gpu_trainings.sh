@@ -55,9 +55,10 @@ echo "patched rc=$?"; tail -n 2 "$OUT/training_u${U}_flashsac_opt_$MODE.log"
 # Stock UniLab's eval on the patched run's last checkpoint (a few steps; the video is best effort).
 RUN=$(ls -d /tmp/logs_patched_u$U/G1WalkFlat/*/ 2>/dev/null | tail -n 1)
 if [ -n "$RUN" ]; then
-  PYTHONPATH="/tmp/stock:$DEPS" timeout 120 python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
+  # (run from the log dir: Hydra writes its train_flashsac.log into the working directory)
+  (cd /tmp/logs_patched_u$U && PYTHONPATH="/tmp/stock:$DEPS" timeout 120 python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
     --algo flashsac --task g1_walk_flat --sim mujoco --load-run "$(basename "$RUN")" --render-mode record \
     training.play_steps=20 training.play_env_num=4 training.export_onnx=false training.log_root=/tmp/logs_patched_u$U \
-    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml > "$OUT/stock_eval_of_patched_u$U.log" 2>&1
+    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml) > "$OUT/stock_eval_of_patched_u$U.log" 2>&1
   echo "stock eval rc=$?"; grep -m1 "Loading flashsac checkpoint" "$OUT/stock_eval_of_patched_u$U.log"
 fi

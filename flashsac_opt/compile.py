@@ -26,6 +26,9 @@ manual ``torch.cuda.CUDAGraph`` (graph.py) and capture cannot nest.
 
 from __future__ import annotations
 
+import os
+import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -91,10 +94,6 @@ def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[...
 
 def load_compile_cache(path: str) -> bool:
     """Pre-populate torch.compile's caches from a saved artifact file; False if there is none."""
-    from pathlib import Path
-
-    import warnings
-
     file = Path(path)
     if not file.is_file():
         return False
@@ -111,9 +110,6 @@ def load_compile_cache(path: str) -> bool:
 
 def save_compile_cache(path: str) -> bool:
     """Write every cache artifact this process's compilations produced (atomically)."""
-    import os
-    from pathlib import Path
-
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:  # nothing cacheable (e.g. the aot_eager backend)
         return False
