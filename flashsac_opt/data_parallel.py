@@ -37,14 +37,12 @@ class RankAverager:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.bucket_numels: list[int] = []  # size of each all-reduce of the last iteration
 
     def average(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Average ``tensors`` across ranks in one all-reduce; returns new tensors (same shapes, dtypes)."""
         flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         flat = flat / self.world_size
-        self.bucket_numels.append(flat.numel())
         out, start = [], 0
         for t in tensors:
             out.append(flat[start : start + t.numel()].view(t.shape).to(t.dtype))
