@@ -8,7 +8,9 @@ decidable before anything is written:
 
 - all files original -> ``apply`` writes them; all patched -> nothing to do (idempotent);
 - a file matching neither -> "locally modified or not UniLab 1.5.2": refused;
-- some original and some patched -> "half-applied": refused.
+- some original and some patched -> "half-applied": refused;
+- all files as an earlier flashsac_opt version of the patch left them ("applied-earlier",
+  series.json ``earlier``) -> ``apply`` upgrades them, ``revert`` restores the originals.
 
 ``apply`` and ``revert`` compute every new file in memory and check its hash first, then
 replace files one by one (write to a temp file, ``os.replace``), restoring the already
@@ -47,6 +49,7 @@ class Patch:
     description: str
     optional: bool
     files: list[FilePatch]
+    earlier: list["Patch"] = field(default_factory=list)  # older versions of this patch
 
 
 def patches_dir() -> Path:
@@ -117,7 +120,13 @@ def load_series(directory: Path | None = None) -> list[Patch]:
             if f["path"] not in diff:
                 raise PatchError(f"{entry['file']} has no hunks for {f['path']}")
             files.append(FilePatch(f["path"], f["original_sha256"], f["patched_sha256"], diff[f["path"]]))
-        series.append(Patch(entry["name"], entry["description"], bool(entry.get("optional")), files))
+        earlier = []
+        originals = {f.path: f.original_sha256 for f in files}
+        for old in entry.get("earlier", []):
+            old_diff = parse_unified_diff((directory / old["file"]).read_text())
+            old_files = [FilePatch(f["path"], originals[f["path"]], f["patched_sha256"], old_diff[f["path"]]) for f in old["files"]]
+            earlier.append(Patch(f"{entry['name']} ({old['file']})", old.get("note", ""), bool(entry.get("optional")), old_files))
+        series.append(Patch(entry["name"], entry["description"], bool(entry.get("optional")), files, earlier))
     return series
 
 
@@ -173,6 +182,10 @@ def patch_state(base: Path, patch: Patch) -> tuple[str, dict[str, str]]:
         return "applied", states
     if values <= {"original", "applied"}:
         return "half-applied", states
+    for old in patch.earlier:  # left as an earlier flashsac_opt version of this patch wrote it?
+        old_state, old_states = patch_state(base, old)
+        if old_state == "applied":
+            return "applied-earlier", {path: "applied-earlier" for path in old_states}
     return "conflict", states
 
 
@@ -202,6 +215,21 @@ def _plan(base: Path, patches: list[Patch], reverse: bool) -> dict[Path, tuple[b
         if state == "half-applied":
             detail = ", ".join(f"{p}: {s}" for p, s in files.items())
             raise PatchError(f"patch {patch.name} is half-applied ({detail}); restore these files from UniLab {SUPPORTED_VERSION} first; nothing changed")
+        if state == "applied-earlier":  # upgrade (apply) or revert via the originals
+            old = next(p for p in patch.earlier if patch_state(base, p)[0] == "applied")
+            old_files = {f.path: f for f in old.files}
+            for f in patch.files:
+                old_file = old_files[f.path]
+                path = base / f.path
+                current = path.read_bytes()
+                original = _apply_hunks(current.decode(), old_file.hunks, reverse=True).encode()
+                new = original if reverse else _apply_hunks(original.decode(), f.hunks, reverse=False).encode()
+                if hashlib.sha256(original).hexdigest() != f.original_sha256 or (
+                    not reverse and hashlib.sha256(new).hexdigest() != f.patched_sha256
+                ):
+                    raise PatchError(f"patch {patch.name}: upgrading {f.path} gave an unexpected hash; nothing changed")
+                plan[path] = (current, new)
+            continue
         if (state == "applied") != reverse:
             continue  # already in the wanted state
         for f in patch.files:

@@ -237,3 +237,46 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     assert played.returncode == 0, out[-3000:]
     assert f"Loading flashsac checkpoint: {checkpoint}" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+
+
+def test_a_non_editable_install_carries_the_patch_series(tmp_path):
+    """The wheel holds patches/ (via the flashsac_opt/patches link), so `flashsac-opt unilab`
+    works from a plain `pip install flashsac-opt`, not only from a checkout."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.glob("flashsac_opt-*.whl")
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    code = "from flashsac_opt.unilab_patch import patches_dir, load_series; print(patches_dir()); print(len(load_series()))"
+    found = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(site)), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    where, count = found.stdout.split()
+    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == 2
+
+
+def test_an_earlier_version_of_the_patch_is_upgraded_or_reverted(site):
+    """Files as the previous flashsac_opt's 0001 left them: status says so, apply upgrades
+    them to exactly what a fresh apply writes, revert restores UniLab's originals."""
+    series = unilab_patch.load_series()
+    current = series[0]
+    (old,) = current.earlier
+    originals = {f.path: (site / f.path).read_bytes() for f in current.files}
+    for f in old.files:  # what the earlier flashsac_opt wrote
+        (site / f.path).write_text(unilab_patch._apply_hunks((site / f.path).read_text(), f.hunks, reverse=False))
+    assert unilab_patch.patch_state(site, current)[0] == "applied-earlier"
+    unilab_patch.apply(site)
+    assert unilab_patch.patch_state(site, current)[0] == "applied"
+    upgraded = {f.path: (site / f.path).read_bytes() for f in current.files}
+    unilab_patch.revert(site)
+    assert {f.path: (site / f.path).read_bytes() for f in current.files} == originals
+    unilab_patch.apply(site)
+    assert {f.path: (site / f.path).read_bytes() for f in current.files} == upgraded
+    for f in old.files:  # earlier version again, then straight back to the originals
+        (site / f.path).write_bytes(originals[f.path])
+        (site / f.path).write_text(unilab_patch._apply_hunks((site / f.path).read_text(), f.hunks, reverse=False))
+    unilab_patch.revert(site)
+    assert {f.path: (site / f.path).read_bytes() for f in current.files} == originals
