@@ -36,7 +36,6 @@ class RankAverager:
             raise ValueError("data-parallel flashsac_opt needs torch.distributed.init_process_group() first")
         self.group = group
         self.world_size = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
 
     def average(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Average ``tensors`` across ranks in one all-reduce; returns new tensors (same shapes, dtypes)."""

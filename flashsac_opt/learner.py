@@ -34,6 +34,7 @@ from flashsac_opt.compile import (
     persistent_state,
     save_compile_cache,
 )
+from flashsac_opt.devices import resolve_device
 from flashsac_opt.graph import WholeCycleGraph
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
@@ -71,10 +72,7 @@ class FlashSACLearner:
         this learner one rank of a data-parallel learner (``flashsac_opt.data_parallel``)."""
         self.cfg = cfg
         self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            # Tensors report "cuda:0", never "cuda": resolve the index once for the checks.
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         if cfg.use_amp and self.device.type == "cuda":
             if cfg.amp_dtype.lower() == "fp16":
                 raise ValueError("flashsac_opt supports bf16 autocast only (fp16 needs loss scaling); set amp_dtype=bf16")
@@ -145,8 +143,8 @@ class FlashSACLearner:
         # Fused only where it is compiled (in eager, torch.func's per-op wrapping is pure
         # overhead: 23% slower on CPU); data parallel puts its collective between loss and
         # step, so it uses the split form.
-        self.fused_update = cfg.use_fused_update and self.averager is None and cfg.learner_mode != "eager"
         compiled = cfg.learner_mode != "eager"
+        self.fused_update = cfg.use_fused_update and self.averager is None and compiled
         self.compile_cache_loaded = bool(compiled and cfg.compile_cache_file and load_compile_cache(cfg.compile_cache_file))
         self._save_compile_cache = bool(compiled and cfg.compile_cache_file and not self.compile_cache_loaded)
         self._fn = build_update_functions(self)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from flashsac_opt.devices import resolve_device
+
 OBS_FIELDS = ("obs", "next_obs", "critic", "next_critic")
 SCALAR_FIELDS = ("rewards", "dones", "truncated")
 
@@ -77,10 +79,7 @@ class GPUReplay:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            # Resolve "cuda" to "cuda:N" as the learner does, so device checks compare equal.
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.layout = ReplayLayout(obs_dim, critic_obs_dim, action_dim)
         self.obs_dtype = obs_dtype
         self.obs = torch.zeros(self.capacity, self.layout.obs_width, device=self.device, dtype=obs_dtype)
@@ -123,10 +122,7 @@ class HostReplay:
 
     def __init__(self, capacity: int, obs_dim: int, critic_obs_dim: int, action_dim: int, device: str | torch.device = "cuda", seed: int = 0):
         self.capacity = int(capacity)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            # Resolve "cuda" to "cuda:N" as the learner does, so device checks compare equal.
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.layout = ReplayLayout(obs_dim, critic_obs_dim, action_dim)
         pin = self.device.type == "cuda"
         self.storage = torch.zeros(self.capacity, self.layout.row_width, pin_memory=pin)
