@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import percentile
+
 REPO = Path(__file__).resolve().parents[1]
 # UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
 # that private table cannot be imported.
@@ -47,14 +49,10 @@ def fail(message: str) -> None:
 def summarize(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
-    ordered = sorted(values)
-
-    def q(p: float) -> float:
-        k = (len(ordered) - 1) * p
-        lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p90": q(0.9), "p95": q(0.95), "count": len(values)}
+    return {
+        "mean": statistics.fmean(values), "median": statistics.median(values),
+        "p90": percentile(values, 0.9), "p95": percentile(values, 0.95), "count": len(values),
+    }
 
 
 def overrides_for(args: argparse.Namespace, log_root: Path, scene: str | None) -> list[str]:

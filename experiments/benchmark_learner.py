@@ -44,7 +44,7 @@ import time
 import traceback
 from pathlib import Path
 
-from common import plot_only_or_require_cuda
+from common import percentile, plot_only_or_require_cuda
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -58,13 +58,6 @@ VARIANTS = (
     "ours_graph_tuned",
 )
 POOL_ROWS = 65536
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 class Pool:

@@ -33,6 +33,8 @@ import time
 import traceback
 from pathlib import Path
 
+from common import percentile
+
 WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
     "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
@@ -43,31 +45,10 @@ WORKLOADS = {
 DIM_KEYS = ("obs_dim", "critic_obs_dim", "action_dim")
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _fill(replay, rows: int, dims: dict, device, seed: int) -> None:
-    import torch
-
-    g = torch.Generator(device=device).manual_seed(seed)
-    randn = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
-    dones = (torch.rand(rows, device=device, generator=g) < 0.02).float()
-    replay.extend({
-        "obs": randn(rows, dims["obs_dim"]), "next_obs": randn(rows, dims["obs_dim"]),
-        "actions": torch.tanh(randn(rows, dims["action_dim"])), "rewards": 0.5 * randn(rows) + 0.1,
-        "dones": dones, "truncated": torch.zeros(rows, device=device),
-        "critic": randn(rows, dims["critic_obs_dim"]), "next_critic": randn(rows, dims["critic_obs_dim"]),
-    })
 
 
 def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> None:
@@ -77,6 +58,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.data_parallel import collective_bytes_per_iteration
     from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.oracle import synthetic_batch
     from flashsac_opt.replay import GPUReplay
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
@@ -95,7 +77,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
         start = time.perf_counter()
         learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 else None, **dims)
         replay = GPUReplay(spec["capacity"], device=device, seed=1000 + rank, **dims)
-        _fill(replay, spec["capacity"], dims, device, seed=rank)
+        replay.extend(synthetic_batch(spec["capacity"], generator=torch.Generator().manual_seed(rank), device=device, **dims))
         u, pf, bsz = cfg.updates_per_step, cfg.policy_frequency, cfg.batch_size
 
         def iteration() -> None:

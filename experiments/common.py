@@ -7,6 +7,14 @@ import json
 from typing import Callable
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of ``values``, linearly interpolated between order statistics."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
 def run_environment(device: str) -> dict:
     """Where and when a result was measured (stored in every experiment's JSON)."""
     import datetime

@@ -26,10 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_REPLAY = REPO / "results" / "replay_g1_cpu.pt"
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -76,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import COL, FlashSACLearner
+    from flashsac_opt.oracle import perturb_for_rounding_floor, relative_difference
     from flashsac_opt.replay import GPUReplay
 
     rows = {k: v.to(args.device) for k, v in recorded["rows"].items()}
@@ -100,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in replays:
         torch.manual_seed(args.seed)
         learners[name] = FlashSACLearner(cfg, device=args.device, **dims)
-    with torch.no_grad():
-        p = learners["rounding_floor"].critic.params
-        g = torch.Generator(device=args.device).manual_seed(args.seed + 7)
-        p.mul_(1 + 1e-7 * torch.randn(p.shape, device=args.device, generator=g))
+    perturb_for_rounding_floor(learners["rounding_floor"], args.seed)
 
     curves = {name: {"actor": [], "critic": [], "target_critic": [], "losses": []} for name in ("bf16_obs", "rounding_floor")}
     for it in range(args.iterations):
@@ -115,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = learners["fp32"]
         for name, curve in curves.items():
             for net in ("actor", "critic", "target_critic"):
-                curve[net].append(rel(getattr(learners[name], net).params.detach(), getattr(ref, net).params.detach()))
-            curve["losses"].append(rel(tables[name], tables["fp32"]))
+                curve[net].append(relative_difference(getattr(learners[name], net).params.detach(), getattr(ref, net).params.detach()))
+            curve["losses"].append(relative_difference(tables[name], tables["fp32"]))
         if it % 50 == 0:
             print(f"iteration {it}: bf16_obs critic drift {curves['bf16_obs']['critic'][-1]:.2e}, "
                   f"floor {curves['rounding_floor']['critic'][-1]:.2e}", flush=True)

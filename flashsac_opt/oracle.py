@@ -208,6 +208,20 @@ def _tensors_only(sd: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64."""
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@torch.no_grad()
+def perturb_for_rounding_floor(learner: FlashSACLearner, seed: int) -> None:
+    """Perturb the critic weights by 1e-7 relative, once: a run that differs from its twin
+    only by rounding, the floor the drift of any other change is judged against."""
+    g = torch.Generator(device=learner.device).manual_seed(seed + 7)
+    p = learner.critic.params
+    p.mul_(1 + 1e-7 * torch.randn(p.shape, device=learner.device, generator=g))
+
+
 def compare_modes(
     cfg: FlashSACConfig,
     modes: list[str],
@@ -234,18 +248,12 @@ def compare_modes(
         return FlashSACLearner(cfg.replace(learner_mode=mode), dims["obs_dim"], dims["critic_obs_dim"], dims["action_dim"], device=device)
 
     learners = {"eager": build("eager"), "rounding_floor": build("eager"), **{m: build(m) for m in modes}}
-    with torch.no_grad():
-        g = torch.Generator(device=device).manual_seed(seed + 7)
-        p = learners["rounding_floor"].critic.params
-        p.mul_(1 + 1e-7 * torch.randn(p.shape, device=device, generator=g))
+    perturb_for_rounding_floor(learners["rounding_floor"], seed)
     data = torch.Generator().manual_seed(seed + 1)
     rows = cfg.batch_size * cfg.updates_per_step
     curves: dict[str, dict[str, list[float]]] = {
         name: {"actor": [], "critic": [], "target_critic": [], "losses": []} for name in learners if name != "eager"
     }
-
-    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a.double() - b.double()).norm() / b.double().norm())
 
     for it in range(iterations):
         if batch_source is None:
@@ -265,8 +273,8 @@ def compare_modes(
         for name, curve in curves.items():
             other = learners[name]
             for net in ("actor", "critic", "target_critic"):
-                curve[net].append(rel(getattr(other, net).params.detach(), getattr(ref, net).params.detach()))
-            curve["losses"].append(rel(tables[name], tables["eager"]))
+                curve[net].append(relative_difference(getattr(other, net).params.detach(), getattr(ref, net).params.detach()))
+            curve["losses"].append(relative_difference(tables[name], tables["eager"]))
         if on_iteration is not None:
             on_iteration(it, learners)
     return curves
