@@ -141,7 +141,7 @@ class FlashSACLearner:
                  self.target_critic.params.data, self.target_critic.bn_stats, self.temperature.log_temp.data]
             )
         # Fused only where it is compiled (in eager, torch.func's per-op wrapping is pure
-        # overhead: 23% slower on CPU); data parallel puts its collective between loss and
+        # overhead: slower in an ad-hoc CPU check); data parallel puts its collective between loss and
         # step, so it uses the split form.
         compiled = cfg.learner_mode != "eager"
         self.fused_update = cfg.use_fused_update and self.averager is None and compiled
