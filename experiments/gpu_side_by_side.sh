@@ -6,6 +6,10 @@
 #   bash experiments/gpu_side_by_side.sh main W3 W4
 # or, one workload per call from a cold machine (UniLab (c) compiles ~300 s of the ~9 min):
 #   bash experiments/gpu_side_by_side.sh one W3
+# or two workloads in one call from a cold machine: cold compiles of both in parallel
+# processes (cold-start figures, an upper bound), then the timed runs, one after the other,
+# on the Inductor cache those left (only the first workload is profiled):
+#   bash experiments/gpu_side_by_side.sh pair W3 W4
 # Cold-start figures come from the prewarm processes (7 compiling at once on 16 cores:
 # an upper bound); the main run's cold_start_s is with a warm Inductor cache.
 # UniLab compiles with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock GEMM
@@ -40,5 +44,33 @@ case "${1:-}" in
   one)
     timeout 590 $B --variants unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph --workloads "$2" --iters 30 \
       --note "cold Inductor cache, one workload per process" --output "$OUT/side_by_side_$2.json" 2>&1 | tee "$OUT/side_by_side_$2.log" ;;
-  *) echo "usage: $0 prewarm | main W... | one W" >&2; exit 2 ;;
+  pair)
+    [ $# -eq 3 ] || { echo "usage: $0 pair W W" >&2; exit 2; }
+    w1=$2; w2=$3; deadline=$((SECONDS + 585))
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
+    note="prewarm: cold Inductor cache, 6 processes compiling at once (cold_start_s is an upper bound; ms figures are not timings: the GPU is shared)"
+    for w in $w1 $w2; do
+      timeout 300 $B --variants unilab_graph --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/prewarm_a_$w.json" > "/tmp/prewarm_a_$w.log" 2>&1 &
+      timeout 300 $B --variants unilab_compile ours_compile --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/prewarm_b_$w.json" > "/tmp/prewarm_b_$w.log" 2>&1 &
+      timeout 300 $B --variants ours_graph --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/prewarm_c_$w.json" > "/tmp/prewarm_c_$w.log" 2>&1 &
+    done
+    wait
+    echo "prewarm done at ${SECONDS}s"
+    python3 - "$OUT/prewarm_${w1}_$w2.json" /tmp/prewarm_*.json <<'PY'
+import json, sys
+reports = [json.load(open(p)) for p in sys.argv[2:]]
+merged = dict(reports[0]) if reports else {}
+merged["command"] = [r["command"] for r in reports]
+merged["cells"] = [c for r in reports for c in r["cells"]]
+json.dump(merged, open(sys.argv[1], "w"), indent=1)
+PY
+    tail -n 4 /tmp/prewarm_*.log > "$OUT/prewarm.log"
+    six="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph"
+    out="$OUT/side_by_side_${w1}_$w2.json"
+    timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $six --workloads $w1 --iters 30 \
+      --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --output "$out" 2>&1 | tee "$OUT/side_by_side_${w1}_$w2.log"
+    # the second workload unprofiled, its most wanted cells first, so a time limit cuts the least
+    timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 --no-profile \
+      --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --merge "$out" --output "$out" 2>&1 | tee -a "$OUT/side_by_side_${w1}_$w2.log" ;;
+  *) echo "usage: $0 prewarm | main W... | one W | pair W W" >&2; exit 2 ;;
 esac
