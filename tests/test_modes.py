@@ -261,7 +261,7 @@ from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.oracle import synthetic_batch
 cfg = FlashSACConfig(batch_size=256, updates_per_step=2, learner_mode="graph", compile_cache_file=sys.argv[1])
-batch = synthetic_batch(512, obs_dim=98, critic_obs_dim=101, action_dim=29, device="cuda")
+batch = synthetic_batch(512, obs_dim=98, critic_obs_dim=101, action_dim=29, generator=torch.Generator().manual_seed(0), device="cuda")
 start = time.perf_counter()
 learner = FlashSACLearner(cfg, obs_dim=98, critic_obs_dim=101, action_dim=29, device="cuda")
 learner.update(batch)
