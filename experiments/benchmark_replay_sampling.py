@@ -110,6 +110,7 @@ def plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     cells = [c for c in report["capacities"] if "results" in c]
     labels = {"cpu_sample": "CPU random sample", "h2d": "H2D (pinned)", "cpu_sample_h2d": "CPU sample + H2D",
@@ -125,7 +126,7 @@ def plot(report: dict, path: Path) -> None:
         ax.bar_label(bars, labels=[f"{y:.3f}" if y < 1 else f"{y:.2f}" for y in ys], fontsize=7, rotation=90, padding=2)
     ax.set_yscale("log")
     ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels([f"2^{c['exponent']} rows\n{c['capacity_gib']:.1f} GiB\nx{c['speedup_graph']:.0f} faster" for c in cells])
+    ax.set_xticklabels([f"2^{c['exponent']} rows\n{c['capacity_gib']:.1f} GiB\nCPU+H2D / GPU graph = {c['speedup_graph']:.0f}x" for c in cells])
     w = report["workload"]
     env = report["environment"]
     ax.set_title(
@@ -133,9 +134,16 @@ def plot(report: dict, path: Path) -> None:
         f"host vs GPU\n{env.get('gpu')}, torch {env.get('torch')}; median ms (log), {report['repeat']} repeats after {report['warmup']} warm-up"
     )
     ax.set_ylabel("ms per iteration (median)")
-    ax.legend(fontsize=8, ncol=2)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 4)  # headroom: value labels and legend above the tallest bar
+    ax.legend(fontsize=8, ncol=3, loc="upper center")
     ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
+    skipped = [f"2^{c['exponent']}: {c['skipped']}" for c in report["capacities"] if "skipped" in c]
+    if skipped:
+        fig.text(0.01, 0.01, "skipped: " + "; ".join(skipped), fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.05 if skipped else 0, 1, 1))
     fig.savefig(path, dpi=130)
 
 
