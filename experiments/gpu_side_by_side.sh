@@ -8,8 +8,10 @@
 #   bash experiments/gpu_side_by_side.sh one W3
 # or two workloads in one call from a cold machine: cold compiles of both in parallel
 # processes (cold-start figures, an upper bound), then the timed runs, one after the other,
-# on the Inductor cache those left (only the first workload is profiled):
+# on the Inductor cache those left; profiles come after each run's timing and are saved one
+# by one, so the call's time limit cuts profiles of the second workload first:
 #   bash experiments/gpu_side_by_side.sh pair W3 W4
+#   bash experiments/gpu_side_by_side.sh pair W4 W2   # W4 profiled, W2 without CUPTI
 # Cold-start figures come from the prewarm processes (7 compiling at once on 16 cores:
 # an upper bound); the main run's cold_start_s is with a warm Inductor cache.
 # UniLab compiles with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock GEMM
@@ -69,8 +71,8 @@ PY
     out="$OUT/side_by_side_${w1}_$w2.json"
     timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $six --workloads $w1 --iters 30 \
       --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --output "$out" 2>&1 | tee "$OUT/side_by_side_${w1}_$w2.log"
-    # the second workload unprofiled, its most wanted cells first, so a time limit cuts the least
-    timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 --no-profile \
+    # the second workload's most wanted cells first, so a time limit cuts the least
+    timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 \
       --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --merge "$out" --output "$out" 2>&1 | tee -a "$OUT/side_by_side_${w1}_$w2.log" ;;
   *) echo "usage: $0 prewarm | main W... | one W | pair W W" >&2; exit 2 ;;
 esac
