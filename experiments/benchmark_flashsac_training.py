@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,28 @@ def overrides_for(args: argparse.Namespace, log_root: Path, scene: str | None) -
     if scene:
         out.append(f"env.scene.model_file={scene}")
     return out + list(args.override)
+
+
+def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None) -> tuple[int, bool]:
+    """Run UniLab's train; past time_limit, interrupt it as Ctrl-C would. -> (exit status, stopped)."""
+    # Own process group: the interrupt reaches UniLab's collector processes too, as a
+    # terminal's Ctrl-C does, and UniLab's cooperative shutdown closes its event writers.
+    proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
+    try:
+        return proc.wait(timeout=time_limit), False
+    except subprocess.TimeoutExpired:
+        pass
+    print(f"benchmark_flashsac_training: --time-limit {time_limit:g} s reached: interrupting the training", file=sys.stderr, flush=True)
+    for sig, grace in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=grace), True
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait(), True
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -164,8 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-file", help="override env.scene.model_file (needed with an installed UniLab: the absolute path of scene_flat.xml)")
     parser.add_argument("--log-root", type=Path, help="where UniLab writes the run (default: a temp dir)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="stop the training after this long (Ctrl-C semantics, as UniLab handles it) and summarize what it logged")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.time_limit is not None and args.time_limit <= 0:
+        parser.error("--time-limit must be > 0")
     for name in ("iterations", "num_envs", "batch_size", "updates_per_step", "policy_frequency", "replay_buffer_n"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -206,12 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, "-c", code, "--algo", "flashsac", "--task", args.task, "--sim", args.backend, *overrides]
     # UniLab's Rich panel goes straight to this terminal: the run's progress display.
     # cwd: Hydra writes train_flashsac.log into the working directory; keep it with the run.
-    proc = subprocess.run(command, env=env, cwd=log_root)
+    returncode, stopped = run_training(command, env, log_root, args.time_limit)
     runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
-    if proc.returncode != 0 or not runs:
-        fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {proc.returncode})")
+    if (returncode != 0 and not stopped) or not runs:
+        fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {returncode})")
     run_dir = runs[-1].parent
     rows_all = read_rows(run_dir)
+    if not rows_all:
+        fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped})")
     if args.skip_first is not None:
         rows = rows_all[args.skip_first :]
     else:
@@ -239,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
         },
         "summary": {"skip_first": args.skip_first, "summary_last": None if args.skip_first is not None else args.summary_last},
+        # A run the time limit stopped is summarized over the iterations it logged.
+        "time_limit_s": args.time_limit,
+        "stopped_by_time_limit": stopped,
+        "iterations_logged": len(rows_all),
+        "unilab_exit_status": returncode,
         "timed": {
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
             "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",

@@ -82,11 +82,15 @@ def test_training_benchmark_refuses_an_unpatched_unilab(site, tmp_path):
     done = run("benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--output", str(tmp_path / "x.json"))
     assert done.returncode == 2 and "not patched for flashsac_opt" in done.stderr and "Traceback" not in done.stderr
     assert run("benchmark_flashsac_training.py", "--num-envs", "0", "--output", "x").returncode == 2
+    bad_limit = run("benchmark_flashsac_training.py", "--time-limit", "0", "--output", "x")
+    assert bad_limit.returncode == 2 and "--time-limit must be > 0" in bad_limit.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is what CI exercises")
 def test_training_benchmark_tiny_cpu_run(site, tmp_path):
-    """A real (tiny) G1 training through the CPU-admitting patch; checks the JSON schema."""
+    """A real (tiny) G1 training through the CPU-admitting patch, stopped by --time-limit the
+    way the device calls bound theirs: UniLab shuts down as on Ctrl-C and the JSON summarizes
+    the iterations it logged."""
     from flashsac_opt import unilab_patch
     from unilab_tree import add_g1_placeholders
 
@@ -95,11 +99,14 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path):
     out = tmp_path / "training.json"
     done = run(
         "benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--mode", "eager",
-        "--num-envs", "16", "--batch-size", "32", "--iterations", "5", "--summary-last", "3",
+        "--num-envs", "16", "--batch-size", "32", "--iterations", "100000", "--summary-last", "3",
         "--learning-starts", "2", "--replay-buffer-n", "8", "--log-root", str(tmp_path / "logs"), "--output", str(out),
+        "--time-limit", "75",
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
+    assert report["stopped_by_time_limit"] and "--time-limit 75 s reached" in done.stderr
+    assert report["iterations_logged"] == len(report["rows_all"]) < 100000
     assert len(report["rows"]) == 3 and len(report["rows_all"]) >= 3
     for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms"):
         assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
