@@ -14,6 +14,11 @@ reads the run's TensorBoard events and writes JSON:
         --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
         --output results/training_u8_flashsac_opt_graph.json
 
+`--time-limit SECONDS` interrupts the training as Ctrl-C would (UniLab shuts down cleanly and
+keeps its events) and summarizes the iterations logged so far, at most their second half
+(`stopped_by_time_limit`, `iterations_logged` in the JSON); `--save-interval N` checkpoints
+every N iterations so a stopped run still leaves one.
+
 `--learner flashsac_opt` needs a patched UniLab (`flashsac-opt unilab apply [--root PATH]`).
 `--compile` (default) runs each learner's best mode (UniLab: its default whole-cycle graph;
 flashsac_opt: graph); `--no-compile` is the deferred-eager baseline; `--mode` picks exactly.
@@ -65,7 +70,7 @@ def overrides_for(args: argparse.Namespace, log_root: Path, scene: str | None) -
         f"algo.updates_per_step={args.updates_per_step}",
         f"algo.policy_frequency={args.policy_frequency}",
         f"algo.max_iterations={args.iterations}",
-        f"algo.save_interval={max(args.iterations, 1)}",
+        f"algo.save_interval={args.save_interval or args.iterations}",
         f"algo.seed={args.seed}",
         "training.no_play=true",
         "training.log_interval=1",
@@ -187,14 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-file", help="override env.scene.model_file (needed with an installed UniLab: the absolute path of scene_flat.xml)")
     parser.add_argument("--log-root", type=Path, help="where UniLab writes the run (default: a temp dir)")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
+    parser.add_argument("--save-interval", type=int, help="checkpoint every N iterations (default: once, at the end)")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="stop the training after this long (Ctrl-C semantics, as UniLab handles it) and summarize what it logged")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.time_limit is not None and args.time_limit <= 0:
         parser.error("--time-limit must be > 0")
-    for name in ("iterations", "num_envs", "batch_size", "updates_per_step", "policy_frequency", "replay_buffer_n"):
-        if getattr(args, name) < 1:
+    for name in ("iterations", "num_envs", "batch_size", "updates_per_step", "policy_frequency", "replay_buffer_n", "save_interval"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     args.mode = args.mode or ("graph" if args.compile else "eager")
 
@@ -241,10 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     rows_all = read_rows(run_dir)
     if not rows_all:
         fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped})")
+    last = None
     if args.skip_first is not None:
         rows = rows_all[args.skip_first :]
     else:
-        rows = rows_all[-args.summary_last :] if args.summary_last > 0 else rows_all
+        last = args.summary_last
+        if stopped and last > len(rows_all) // 2:
+            # A run cut short would otherwise summarize its compile/capture iterations too:
+            # keep the summary to the second half of what it logged.
+            last = max(len(rows_all) // 2, 1)
+        rows = rows_all[-last:] if last > 0 else rows_all
     u, pf = args.updates_per_step, args.policy_frequency
     actor_updates = len(range(0, u, pf))
     result = {
@@ -267,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "learning_starts": args.learning_starts,
             "seed": args.seed,
         },
-        "summary": {"skip_first": args.skip_first, "summary_last": None if args.skip_first is not None else args.summary_last},
+        "summary": {"skip_first": args.skip_first, "summary_last": last},
         # A run the time limit stopped is summarized over the iterations it logged.
         "time_limit_s": args.time_limit,
         "stopped_by_time_limit": stopped,
