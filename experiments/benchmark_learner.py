@@ -10,9 +10,10 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned: graph mode with Inductor's coordinate-descent tuning of every Triton
-    kernel's launch config (what UniLab's max-autotune-no-cudagraphs mode also turns on):
-    faster kernels for a longer cold start
+  ours_graph_tuned / _combo / _aggressive: graph mode with one Inductor option on
+    (GRAPH_INDUCTOR_STUDIES): coordinate-descent tuning of every Triton kernel's launch
+    config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
+    of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion)
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -55,8 +56,19 @@ WORKLOADS = {
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
     "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
-    "ours_graph_tuned",
+    "ours_graph_tuned", "ours_graph_combo", "ours_graph_aggressive",
 )
+# Graph mode with one Inductor option changed: what each buys and costs in start-up.
+GRAPH_INDUCTOR_STUDIES = {
+    # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
+    "ours_graph_tuned": {"coordinate_descent_tuning": True},
+    # horizontal fusion: independent small kernels (per-layer BN statistics, renormalization
+    # groups, Adam/Polyak pieces) share one launch; the iteration is a chain of ~500 small
+    # kernels at W1
+    "ours_graph_combo": {"combo_kernels": True},
+    # fuse nodes even without shared memory reads (fewer, larger kernels)
+    "ours_graph_aggressive": {"aggressive_fusion": True},
+}
 POOL_ROWS = 65536
 
 
@@ -134,8 +146,8 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
 
         if variant in ("ours_graph_fused", "ours_graph_split"):
             cfg = cfg.replace(learner_mode="graph", fused_update=variant == "ours_graph_fused")
-        elif variant == "ours_graph_tuned":
-            options = {**(cfg.inductor_options or {}), "coordinate_descent_tuning": True}
+        elif variant in GRAPH_INDUCTOR_STUDIES:
+            options = {**(cfg.inductor_options or {}), **GRAPH_INDUCTOR_STUDIES[variant]}
             cfg = cfg.replace(learner_mode="graph", inductor_options=options)
         else:
             cfg = cfg.replace(learner_mode=variant[5:])
@@ -198,21 +210,30 @@ def _compile_seconds() -> dict[str, float]:
 
 
 def ratios(cells: list[dict]) -> list[dict]:
-    """Per workload: flashsac_opt's modes against UniLab's (b) and (c), from the same run."""
+    """Per workload, from the same run: flashsac_opt's modes against UniLab's (b) and (c), and
+    graph-mode variants (Inductor studies, fused/split, in-graph replay) against ours_graph."""
     out = []
     for w in WORKLOADS:
         by = {c["variant"]: c for c in cells if c["workload"] == w and "ms_median" in c}
-        if "unilab_graph" not in by:
-            continue
-        c_ms, row = by["unilab_graph"]["ms_median"], {"workload": w}
-        for v in ("ours_graph", "ours_graph_tuned", "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
-            if v in by:
-                row[f"{v}_vs_unilab_graph"] = by[v]["ms_median"] / c_ms
-        if "unilab_compile" in by and "ours_compile" in by:
-            row["ours_compile_vs_unilab_compile"] = by["ours_compile"]["ms_median"] / by["unilab_compile"]["ms_median"]
-        if "ours_graph" in by and "kernels_per_iteration" in by["ours_graph"] and "kernels_per_iteration" in by["unilab_graph"]:
-            row["ours_graph_kernels_vs_unilab_graph"] = by["ours_graph"]["kernels_per_iteration"] / by["unilab_graph"]["kernels_per_iteration"]
-        out.append(row)
+        row = {"workload": w}
+        if "unilab_graph" in by:
+            c_ms = by["unilab_graph"]["ms_median"]
+            for v in ("ours_graph", *GRAPH_INDUCTOR_STUDIES, "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
+                if v in by:
+                    row[f"{v}_vs_unilab_graph"] = by[v]["ms_median"] / c_ms
+            if "unilab_compile" in by and "ours_compile" in by:
+                row["ours_compile_vs_unilab_compile"] = by["ours_compile"]["ms_median"] / by["unilab_compile"]["ms_median"]
+            if "ours_graph" in by and "kernels_per_iteration" in by["ours_graph"] and "kernels_per_iteration" in by["unilab_graph"]:
+                row["ours_graph_kernels_vs_unilab_graph"] = by["ours_graph"]["kernels_per_iteration"] / by["unilab_graph"]["kernels_per_iteration"]
+        if "ours_graph" in by:
+            base = by["ours_graph"]
+            for v in (*GRAPH_INDUCTOR_STUDIES, "ours_graph_fused", "ours_graph_split", "ours_graph_replay"):
+                if v in by:
+                    row[f"{v}_vs_ours_graph"] = by[v]["ms_median"] / base["ms_median"]
+                    if "kernels_per_iteration" in by[v] and "kernels_per_iteration" in base:
+                        row[f"{v}_kernels_vs_ours_graph"] = by[v]["kernels_per_iteration"] / base["kernels_per_iteration"]
+        if len(row) > 1:
+            out.append(row)
     return out
 
 
@@ -349,7 +370,7 @@ def plot(report: dict, path: Path) -> None:
     variants = [v for v in VARIANTS if any(c["variant"] == v for c in cells)]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f"}
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba", "ours_graph_aggressive": "#bcbddc"}
     for i, v in enumerate(variants):
         xs, ys, errs = [], [], []
         for j, w in enumerate(workloads):

@@ -12,6 +12,8 @@
 # by one, so the call's time limit cuts profiles of the second workload first:
 #   bash experiments/gpu_side_by_side.sh pair W3 W4
 #   bash experiments/gpu_side_by_side.sh pair W4 W2   # W4 profiled, W2 without CUPTI
+# or flashsac_opt's Inductor studies (graph mode with one option changed), same scheme:
+#   bash experiments/gpu_side_by_side.sh study W1 W3
 # Cold-start figures come from the prewarm processes (7 compiling at once on 16 cores:
 # an upper bound); the main run's cold_start_s is with a warm Inductor cache.
 # UniLab compiles with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock GEMM
@@ -22,6 +24,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 B="python3 experiments/benchmark_learner.py"
+merge_reports() {  # OUT IN...: one JSON with every input's cells (the device returns <= 8 files)
+  python3 - "$@" <<'PY'
+import json, sys
+reports = [json.load(open(p)) for p in sys.argv[2:]]
+merged = dict(reports[0]) if reports else {}
+merged["command"] = [r["command"] for r in reports]
+merged["cells"] = [c for r in reports for c in r["cells"]]
+json.dump(merged, open(sys.argv[1], "w"), indent=1)
+PY
+}
 ALL="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph ours_graph_fused ours_graph_split ours_graph_replay"
 case "${1:-}" in
   prewarm)
@@ -58,15 +70,8 @@ case "${1:-}" in
     done
     wait
     echo "prewarm done at ${SECONDS}s"
-    python3 - "$OUT/prewarm_${w1}_$w2.json" /tmp/prewarm_*.json <<'PY'
-import json, sys
-reports = [json.load(open(p)) for p in sys.argv[2:]]
-merged = dict(reports[0]) if reports else {}
-merged["command"] = [r["command"] for r in reports]
-merged["cells"] = [c for r in reports for c in r["cells"]]
-json.dump(merged, open(sys.argv[1], "w"), indent=1)
-PY
-    tail -n 4 /tmp/prewarm_*.log > "$OUT/prewarm.log"
+    merge_reports "$OUT/prewarm_${w1}_$w2.json" /tmp/prewarm_[abc]_*.json
+    tail -n 4 /tmp/prewarm_[abc]_*.log > "$OUT/prewarm.log"
     six="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph"
     out="$OUT/side_by_side_${w1}_$w2.json"
     timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $six --workloads $w1 --iters 30 \
@@ -74,5 +79,22 @@ PY
     # the second workload's most wanted cells first, so a time limit cuts the least
     timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 \
       --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --merge "$out" --output "$out" 2>&1 | tee -a "$OUT/side_by_side_${w1}_$w2.log" ;;
-  *) echo "usage: $0 prewarm | main W... | one W | pair W W" >&2; exit 2 ;;
+  study)
+    shift
+    [ $# -ge 1 ] || { echo "usage: $0 study W..." >&2; exit 2; }
+    deadline=$((SECONDS + 585))
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
+    studies="ours_graph ours_graph_combo ours_graph_aggressive ours_graph_tuned"
+    note="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)"
+    for w in "$@"; do for v in $studies; do
+      timeout 300 $B --variants $v --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/study_prewarm_${v}_$w.json" > "/tmp/study_prewarm_${v}_$w.log" 2>&1 &
+    done; done
+    wait
+    echo "prewarm done at ${SECONDS}s"
+    merge_reports "$OUT/prewarm_study.json" /tmp/study_prewarm_*.json
+    tail -n 4 /tmp/study_prewarm_*.log > "$OUT/prewarm_study.log"
+    tag=$(IFS=_; echo "$*")
+    timeout $(( deadline - SECONDS )) $B --variants $studies --workloads "$@" --iters 30 \
+      --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --output "$OUT/study_$tag.json" 2>&1 | tee "$OUT/study_$tag.log" ;;
+  *) echo "usage: $0 prewarm | main W... | one W | pair W W | study W..." >&2; exit 2 ;;
 esac

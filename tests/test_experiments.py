@@ -42,10 +42,11 @@ def test_benchmark_ratios_compare_modes_within_one_workload():
     cells = [
         cell("unilab_graph", "W1", 2.0, 800), cell("unilab_compile", "W1", 10.0, 800),
         cell("ours_graph", "W1", 1.0, 300), cell("ours_compile", "W1", 4.0, 300),
-        cell("ours_graph", "W3", 5.0, 900),  # no UniLab cell at W3: no ratio row
-        {"variant": "unilab_graph", "workload": "W4", "error": "OOM"},
+        cell("ours_graph", "W3", 5.0, 900), cell("ours_graph_combo", "W3", 4.0, 450),  # no UniLab cell at W3
+        {"variant": "unilab_graph", "workload": "W4", "error": "OOM"}, cell("ours_graph", "W4", 9.0, 900),
     ]
-    (row,) = ratios(cells)
+    row, study = ratios(cells)
+    assert study == {"workload": "W3", "ours_graph_combo_vs_ours_graph": 0.8, "ours_graph_combo_kernels_vs_ours_graph": 0.5}
     assert row == {
         "workload": "W1",
         "ours_graph_vs_unilab_graph": 0.5,
