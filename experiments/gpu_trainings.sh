@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Real G1 trainings on the device (issues 4 and 5): stock UniLab 1.5.2 vs patched UniLab with
-# flashsac_opt, 256 envs, batch 256, then stock UniLab's `eval` on the patched run's checkpoint.
+# flashsac_opt, then stock UniLab's `eval` on the last flashsac_opt run's checkpoint.
 #   here:   bash experiments/fetch_device_wheels.sh --training     (carry .whl to the device)
-#   device: bash experiments/gpu_trainings.sh U2 [ITERATIONS]      # one call (< 10 min) per U
-#           bash experiments/gpu_trainings.sh U8 [ITERATIONS]
-# ITERATIONS defaults to 1000 (issue 5's matrix; issue 4 needs >= 300). The call has 585 s:
-# each training gets a --time-limit from what is left (stock UniLab more: its cold compile
+#   device: bash experiments/gpu_trainings.sh U2|U8 [ITERATIONS] [RUN...]   # one call (< 10 min)
+#     RUN = LEARNER:MODE[:SEED], LEARNER unilab|flashsac_opt, MODE eager|compile|graph;
+#     default: unilab:graph flashsac_opt:graph (issue 4: stock default vs patched)
+#     e.g. U2 1000 unilab:eager flashsac_opt:compile        (issue 5's other matrix rows)
+#          U2 1000 unilab:graph:1 flashsac_opt:graph:1 unilab:graph:2 ...   (time-reward seeds)
+#     BATCH=2048 bash ... U8 ...                              (UniLab's G1 default batch)
+# 256 envs (ENVS=...), batch 256 (BATCH=...), policy frequency 2. ITERATIONS defaults to 1000
+# (issue 5's matrix; issue 4 needs >= 300). The call has 585 s: each training gets a
+# --time-limit from what is left (stock UniLab's graph mode a longer share: its cold compile
 # takes ~150 s against ~55 s), so a slow run is cut, not lost; its JSON says how far it got.
+# Returned: one JSON per run, trainings.log (each run's tail), the stock eval log, env.txt.
 # Stock and patched UniLab are two copies of the same wheel (/tmp/stock, /tmp/patched); the
 # patched one gets `flashsac-opt unilab apply`. G1 meshes are placeholders (visual only, same
 # physics; ../shared/reference/unilab.md). UniLab compiles with
 # TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock autotuning takes > 7 min).
 set -uo pipefail
-case "${1:-}" in U2|U8) U=${1#U} ;; *) echo "usage: $0 U2|U8 [ITERATIONS]" >&2; exit 2 ;; esac
+usage() { echo "usage: $0 U2|U8 [ITERATIONS] [LEARNER:MODE[:SEED]...]" >&2; exit 2; }
+case "${1:-}" in U2|U8) U=${1#U} ;; *) usage ;; esac
 ITER=${2:-1000}
+RUNS=("${@:3}"); [ ${#RUNS[@]} -gt 0 ] || RUNS=(unilab:graph flashsac_opt:graph)
+for r in "${RUNS[@]}"; do [[ $r =~ ^(unilab|flashsac_opt):(eager|compile|graph)(:[0-9]+)?$ ]] || usage; done
 deadline=$((SECONDS + 585))
 # CPU_DRY_RUN=1: a tiny CPU rehearsal of this script on a machine with UniLab, MuJoCo etc.
 # already installed (16 envs, eager, CPU-admitting patch); not a measurement.
@@ -22,9 +31,10 @@ export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TORCHINDUCTOR_CACHE_DIR="$PWD/.ind
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 if [ "$DRY" = 1 ]; then
   DEPS=$(python3 -c "import unilab, pathlib; print(pathlib.Path(unilab.__file__).parents[1])")
-  MODE=eager; SIZE=(--num-envs 16 --batch-size 32); ITER=${2:-4}
+  SIZE=(--num-envs 16 --batch-size 32); ITER=${2:-4}
+  RUNS=("${RUNS[@]//:graph/:eager}")  # no CUDA: graph mode becomes eager
 else
-  DEPS=/tmp/deps; MODE=graph; SIZE=(--num-envs 256 --batch-size 256)
+  DEPS=/tmp/deps; SIZE=(--num-envs "${ENVS:-256}" --batch-size "${BATCH:-256}")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deps .whl/*.whl || exit 1
 fi
 export PYTHONPATH="$DEPS:$PWD"
@@ -50,25 +60,35 @@ print(unilab_patch.status(Path("/tmp/patched")))
 PY
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/env.txt"
 COMMON=("${SIZE[@]}" --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) --learning-starts 8 --replay-buffer-n 32 --save-interval $(( ITER < 100 ? ITER : 100 )))
-# Seconds for the trainings: what is left, less the eval (60) and two interrupt grace periods.
-avail=$((deadline - SECONDS - 60 - 40))
-stock_limit=$(( (avail + 95) / 2 ))  # equal time after compiling: stock compiles ~95 s longer
-[ "$DRY" = 1 ] && stock_limit=40
-timeout $((stock_limit + 90)) python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/stock --learner unilab --mode $MODE "${COMMON[@]}" \
-  --time-limit $stock_limit --log-root /tmp/logs_stock_u$U --output "$OUT/training_u${U}_unilab_$MODE.json" > "$OUT/training_u${U}_unilab_$MODE.log" 2>&1
-echo "stock rc=$? at ${SECONDS}s"; tail -n 2 "$OUT/training_u${U}_unilab_$MODE.log"
-patched_limit=$((deadline - SECONDS - 60 - 20))
-[ "$DRY" = 1 ] && patched_limit=40
-timeout $((patched_limit + 90)) python3 experiments/benchmark_flashsac_training.py --unilab-root /tmp/patched --learner flashsac_opt --mode $MODE "${COMMON[@]}" \
-  --time-limit $patched_limit --log-root /tmp/logs_patched_u$U --output "$OUT/training_u${U}_flashsac_opt_$MODE.json" > "$OUT/training_u${U}_flashsac_opt_$MODE.log" 2>&1
-echo "patched rc=$? at ${SECONDS}s"; tail -n 2 "$OUT/training_u${U}_flashsac_opt_$MODE.log"
-# Stock UniLab's eval on the patched run's last checkpoint (a few steps; the video is best effort).
-RUN=$(ls -d /tmp/logs_patched_u$U/G1WalkFlat/*/ 2>/dev/null | tail -n 1)
+# Each run's --time-limit: an equal share of what is left (less the eval and a shutdown grace
+# per run), plus ~95 s for stock UniLab's graph mode, whose cold compile is that much longer.
+extra() { [ "$1" = unilab:graph ] && echo 95 || echo 0; }
+TAG="u${U}_b${SIZE[3]}"
+: > "$OUT/trainings.log"
+LAST_OURS=""
+for i in "${!RUNS[@]}"; do
+  IFS=: read -r learner mode seed <<< "${RUNS[$i]}"; seed=${seed:-1}
+  left=("${RUNS[@]:$i}"); extras=0
+  for r in "${left[@]}"; do extras=$((extras + $(extra "$(cut -d: -f1,2 <<< "$r")"))); done
+  share=$(( (deadline - SECONDS - 60 - 20 * ${#left[@]} - extras) / ${#left[@]} + $(extra "$learner:$mode") ))
+  [ "$DRY" = 1 ] && share=40
+  [ $share -ge 30 ] || { echo "skipped $learner:$mode:$seed: only ${share}s left" | tee -a "$OUT/trainings.log"; continue; }
+  root=/tmp/stock; [ "$learner" = flashsac_opt ] && root=/tmp/patched
+  name="training_${TAG}_${learner}_${mode}_s$seed"
+  logs="/tmp/logs_${name}"
+  timeout $((share + 90)) python3 experiments/benchmark_flashsac_training.py --unilab-root $root --learner $learner --mode $mode --seed $seed \
+    "${COMMON[@]}" --time-limit $share --log-root "$logs" --output "$OUT/$name.json" > "/tmp/$name.log" 2>&1
+  rc=$?
+  { echo "== $name: rc=$rc, limit ${share}s, done at ${SECONDS}s"; grep -v "^[│╭╰├┃]" "/tmp/$name.log" | tail -n 6; } | tee -a "$OUT/trainings.log"
+  [ "$learner" = flashsac_opt ] && LAST_OURS="$logs"
+done
+# Stock UniLab's eval on the last flashsac_opt run's checkpoint (a few steps; the video is best effort).
+RUN=$( [ -n "$LAST_OURS" ] && ls -d "$LAST_OURS"/G1WalkFlat/*/ 2>/dev/null | tail -n 1)
 if [ -n "$RUN" ]; then
   # (run from the log dir: Hydra writes its train_flashsac.log into the working directory)
-  (cd /tmp/logs_patched_u$U && PYTHONPATH="/tmp/stock:$DEPS" timeout $(( deadline - SECONDS > 20 ? deadline - SECONDS : 20 )) python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
+  (cd "$LAST_OURS" && PYTHONPATH="/tmp/stock:$DEPS" timeout $(( deadline - SECONDS > 20 ? deadline - SECONDS : 20 )) python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
     --algo flashsac --task g1_walk_flat --sim mujoco --load-run "$(basename "$RUN")" --render-mode record \
-    training.play_steps=20 training.play_env_num=4 training.export_onnx=false training.log_root=/tmp/logs_patched_u$U \
-    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml) > "$OUT/stock_eval_of_patched_u$U.log" 2>&1
-  echo "stock eval rc=$?"; grep -m1 "Loading flashsac checkpoint" "$OUT/stock_eval_of_patched_u$U.log"
+    training.play_steps=20 training.play_env_num=4 training.export_onnx=false training.log_root="$LAST_OURS" \
+    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml) > "$OUT/stock_eval_of_flashsac_opt_$TAG.log" 2>&1
+  echo "stock eval rc=$?"; grep -m1 "Loading flashsac checkpoint" "$OUT/stock_eval_of_flashsac_opt_$TAG.log"
 fi
