@@ -3,7 +3,7 @@
 Runs UniLab's own `train --algo flashsac` (its live Rich panel stays on the terminal), then
 reads the run's TensorBoard events and writes JSON:
 
-- rows_all: every iteration's learner_train_ms (UniLab's Perf/learning_time: update phase,
+- rows_all: every iteration's wall_s (since launch), learner_train_ms (UniLab's Perf/learning_time: update phase,
   metrics read and stream sync), collector_cycle_ms (the collector's cycle phases, as UniLab's
   panel sums them), iter_ms (Perf/iteration_time: runner iteration wall time) and reward;
 - rows: the summarized tail (--summary-last N, or all after --skip-first N);
@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common import percentile
@@ -116,7 +117,9 @@ def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | N
     return proc.wait(), True
 
 
-def read_rows(run_dir: Path) -> list[dict]:
+def read_rows(run_dir: Path, launched: float | None = None) -> list[dict]:
+    """One row per learner iteration; wall_s = seconds from the training's launch (start-up
+    and compile included) to that iteration's Perf/learning_time event."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     try:
@@ -131,11 +134,14 @@ def read_rows(run_dir: Path) -> list[dict]:
         return {e.step: e.value for e in events.Scalars(tag)} if tag in tags else {}
 
     learn, iteration = series("Perf/learning_time"), series("Perf/iteration_time")
+    learn_wall = {e.step: e.wall_time for e in events.Scalars("Perf/learning_time")} if "Perf/learning_time" in tags else {}
     reward, it_index = series("Train/mean_reward"), series("Train/iteration")
     cycle_parts = [series(f"Perf/collector_{k}") for k in cycle_keys]
     rows = []
     for step in sorted(learn):
         row = {"env_steps": step, "learner_train_ms": learn[step] * 1e3}
+        if launched is not None:
+            row["wall_s"] = learn_wall[step] - launched
         if step in it_index:
             row["iteration"] = int(it_index[step])
         if step in iteration:
@@ -239,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, "-c", code, "--algo", "flashsac", "--task", args.task, "--sim", args.backend, *overrides]
     # UniLab's Rich panel goes straight to this terminal: the run's progress display.
     # cwd: Hydra writes train_flashsac.log into the working directory; keep it with the run.
+    launched = time.time()
     returncode, stopped = run_training(command, env, log_root, args.time_limit)
     runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
     if (returncode != 0 and not stopped) or not runs:
         fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {returncode})")
     run_dir = runs[-1].parent
-    rows_all = read_rows(run_dir)
+    rows_all = read_rows(run_dir, launched)
     if not rows_all:
         fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped})")
     last = None
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
             "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",
             "iter_ms": "UniLab Perf/iteration_time: runner iteration wall time",
+            "wall_s": "per row: seconds from launching UniLab's train to that iteration's learner event (start-up and compile included)",
         },
         "learner_train_ms": summarize([r["learner_train_ms"] for r in rows]),
         "collector_cycle_ms": summarize([r["collector_cycle_ms"] for r in rows if "collector_cycle_ms" in r]),

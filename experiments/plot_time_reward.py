@@ -1,9 +1,10 @@
 """Time-reward smoke figure: reward vs training wall time, mean over seeds with a min/max band.
 
 Each group is one configuration (e.g. "UniLab default" or "flashsac_opt graph") run with several
-seeds; pass the JSON files benchmark_flashsac_training.py wrote (they name their run
-directories) or the run directories themselves. The reward is UniLab's Train/mean_reward;
-time runs from each run's first logged iteration.
+seeds; pass the JSON files benchmark_flashsac_training.py wrote or TensorBoard run
+directories. The reward is UniLab's Train/mean_reward. From a JSON, time runs from the launch
+of UniLab's train (start-up and compile count: users wait for them too; its rows' wall_s);
+from a run directory, from the run's first logged scalar. A group may not mix the two.
 
     python experiments/plot_time_reward.py \\
         --group "UniLab 1.5.2 default" results/tr_unilab_s1.json results/tr_unilab_s2.json results/tr_unilab_s3.json \\
@@ -23,14 +24,19 @@ import numpy as np
 TAG = "Train/mean_reward"
 
 
-def run_dir(source: Path) -> Path:
+def reward_curve(source: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """(seconds, reward, where the seconds start) for a training JSON or a run directory."""
     if source.is_dir():
-        return source
-    return Path(json.loads(source.read_text())["run_dir"])
+        return (*events_curve(source), "first logged scalar")
+    report = json.loads(source.read_text())
+    rows = [r for r in report.get("rows_all", []) if "wall_s" in r and "reward" in r]
+    if rows:
+        return np.array([r["wall_s"] for r in rows]), np.array([r["reward"] for r in rows]), "launch"
+    return (*events_curve(Path(report["run_dir"])), "first logged scalar")  # JSON from before wall_s
 
 
-def reward_curve(directory: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds since the run's first logged scalar, reward)."""
+def events_curve(directory: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds since the run's first logged scalar, reward) from TensorBoard events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
@@ -69,7 +75,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 5))
     for label, g in summary.items():
-        line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({g['seeds']} seeds, {np.mean(g['wall_time_s']):.0f} s)")[0]
+        line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({g['seeds']} seeds, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")[0]
         ax.fill_between(g["grid_s"], g["min"], g["max"], color=line.get_color(), alpha=0.2)
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel(TAG)
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     sources: dict[str, list[str]] = {}
+    origins: dict[str, set[str]] = {}
     for label, *runs in args.group:
         if not runs:
             parser.error(f"--group {label!r} names no runs")
@@ -97,9 +104,15 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(run)
             if not path.exists():
                 parser.error(f"{run} does not exist")
-            groups.setdefault(label, []).append(reward_curve(run_dir(path)))
+            t, r, origin = reward_curve(path)
+            groups.setdefault(label, []).append((t, r))
+            origins.setdefault(label, set()).add(origin)
             sources.setdefault(label, []).append(run)
+        if len(origins[label]) > 1:
+            parser.error(f"--group {label!r} mixes training JSON (time from launch) and run directories (time from the first scalar)")
     summary = summarize(groups)
+    for label, g in summary.items():
+        g["time_from"] = origins[label].pop()
     report = {"experiment": "time_reward_smoke", "tag": TAG, "sources": sources, "groups": summary, "command": " ".join(["python", *sys.argv])}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))

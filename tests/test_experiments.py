@@ -109,6 +109,8 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path):
     assert report["stopped_by_time_limit"] and "--time-limit 75 s reached" in done.stderr
     assert report["iterations_logged"] == len(report["rows_all"]) < 100000
     assert len(report["rows"]) == 3 and len(report["rows_all"]) >= 3
+    walls = [r["wall_s"] for r in report["rows_all"]]
+    assert 0 < walls[0] and walls == sorted(walls) and walls[-1] < 75  # from launch, within the time limit
     for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms"):
         assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
     assert report["training_config"]["critic_updates_per_iteration"] == 2
@@ -181,6 +183,23 @@ def test_time_reward_plot_bands_over_seeds(tmp_path):
     assert png.stat().st_size > 10_000
     missing = run("plot_time_reward.py", "--group", "x", str(tmp_path / "nope"), "--output", str(out), "--plot", str(png))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_time_reward_plot_reads_training_json_time_from_launch(tmp_path):
+    """Training JSON carries wall_s since launch (compile included): the curve starts there."""
+    for seed in range(2):
+        rows = [{"wall_s": 30.0 + i, "reward": float(i + seed)} for i in range(10)] + [{"wall_s": 40.0}]  # last row: no reward
+        (tmp_path / f"run{seed}.json").write_text(json.dumps({"rows_all": rows, "run_dir": "/gone/on/the/device"}))
+    out, png = tmp_path / "tr.json", tmp_path / "tr.png"
+    done = run("plot_time_reward.py", "--group", "json", str(tmp_path / "run0.json"), str(tmp_path / "run1.json"),
+               "--output", str(out), "--plot", str(png))
+    assert done.returncode == 0, done.stderr
+    group = json.loads(out.read_text())["groups"]["json"]
+    assert group["time_from"] == "launch" and group["wall_time_s"] == [39.0, 39.0] and group["final_reward"] == [9.0, 10.0]
+    assert group["mean"][0] != group["mean"][0]  # NaN: no run has a reward before its first learner iteration at 30 s
+    _fake_run(tmp_path / "dir", 0.5, 0.0)
+    mixed = run("plot_time_reward.py", "--group", "m", str(tmp_path / "run0.json"), str(tmp_path / "dir"), "--output", str(out), "--plot", str(png))
+    assert mixed.returncode == 2 and "mixes training JSON" in mixed.stderr
 
 
 def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
