@@ -10,10 +10,11 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _combo / _aggressive: graph mode with one Inductor option on
-    (GRAPH_INDUCTOR_STUDIES): coordinate-descent tuning of every Triton kernel's launch
+  ours_graph_tuned / _combo / _aggressive / _percast: graph mode with one setting changed
+    (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
-    of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion)
+    of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
+    GEMM weights cast per matmul instead of once per network call
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -56,18 +57,20 @@ WORKLOADS = {
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
     "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
-    "ours_graph_tuned", "ours_graph_combo", "ours_graph_aggressive",
+    "ours_graph_tuned", "ours_graph_combo", "ours_graph_aggressive", "ours_graph_percast",
 )
-# Graph mode with one Inductor option changed: what each buys and costs in start-up.
-GRAPH_INDUCTOR_STUDIES = {
+# Graph mode with one setting changed: what each buys and costs in start-up.
+GRAPH_STUDIES = {
     # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
-    "ours_graph_tuned": {"coordinate_descent_tuning": True},
+    "ours_graph_tuned": {"inductor_options": {"coordinate_descent_tuning": True}},
     # horizontal fusion: independent small kernels (per-layer BN statistics, renormalization
     # groups, Adam/Polyak pieces) share one launch; the iteration is a chain of ~500 small
     # kernels at W1
-    "ours_graph_combo": {"combo_kernels": True},
+    "ours_graph_combo": {"inductor_options": {"combo_kernels": True}},
     # fuse nodes even without shared memory reads (fewer, larger kernels)
-    "ours_graph_aggressive": {"aggressive_fusion": True},
+    "ours_graph_aggressive": {"inductor_options": {"aggressive_fusion": True}},
+    # the GEMM weights cast to bf16 per matmul (as before cast_gemm_weights_once)
+    "ours_graph_percast": {"cast_gemm_weights_once": False},
 }
 POOL_ROWS = 65536
 
@@ -146,9 +149,10 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
 
         if variant in ("ours_graph_fused", "ours_graph_split"):
             cfg = cfg.replace(learner_mode="graph", fused_update=variant == "ours_graph_fused")
-        elif variant in GRAPH_INDUCTOR_STUDIES:
-            options = {**(cfg.inductor_options or {}), **GRAPH_INDUCTOR_STUDIES[variant]}
-            cfg = cfg.replace(learner_mode="graph", inductor_options=options)
+        elif variant in GRAPH_STUDIES:
+            change = dict(GRAPH_STUDIES[variant])
+            options = {**(cfg.inductor_options or {}), **change.pop("inductor_options", {})}
+            cfg = cfg.replace(learner_mode="graph", inductor_options=options or None, **change)
         else:
             cfg = cfg.replace(learner_mode=variant[5:])
         learner = FlashSACLearner(cfg, device=device, **dims)
@@ -218,7 +222,7 @@ def ratios(cells: list[dict]) -> list[dict]:
         row = {"workload": w}
         if "unilab_graph" in by:
             c_ms = by["unilab_graph"]["ms_median"]
-            for v in ("ours_graph", *GRAPH_INDUCTOR_STUDIES, "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
+            for v in ("ours_graph", *GRAPH_STUDIES, "ours_graph_fused", "ours_graph_split", "ours_graph_replay", "ours_compile", "ours_eager"):
                 if v in by:
                     row[f"{v}_vs_unilab_graph"] = by[v]["ms_median"] / c_ms
             if "unilab_compile" in by and "ours_compile" in by:
@@ -227,7 +231,7 @@ def ratios(cells: list[dict]) -> list[dict]:
                 row["ours_graph_kernels_vs_unilab_graph"] = by["ours_graph"]["kernels_per_iteration"] / by["unilab_graph"]["kernels_per_iteration"]
         if "ours_graph" in by:
             base = by["ours_graph"]
-            for v in (*GRAPH_INDUCTOR_STUDIES, "ours_graph_fused", "ours_graph_split", "ours_graph_replay"):
+            for v in (*GRAPH_STUDIES, "ours_graph_fused", "ours_graph_split", "ours_graph_replay"):
                 if v in by:
                     row[f"{v}_vs_ours_graph"] = by[v]["ms_median"] / base["ms_median"]
                     if "kernels_per_iteration" in by[v] and "kernels_per_iteration" in base:
@@ -370,7 +374,7 @@ def plot(report: dict, path: Path) -> None:
     variants = [v for v in VARIANTS if any(c["variant"] == v for c in cells)]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba", "ours_graph_aggressive": "#bcbddc"}
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba", "ours_graph_aggressive": "#bcbddc", "ours_graph_percast": "#dadaeb"}
     for i, v in enumerate(variants):
         xs, ys, errs = [], [], []
         for j, w in enumerate(workloads):

@@ -84,7 +84,7 @@ case "${1:-}" in
     [ $# -ge 1 ] || { echo "usage: $0 study W..." >&2; exit 2; }
     deadline=$((SECONDS + 585))
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
-    studies="ours_graph ours_graph_combo ours_graph_aggressive ours_graph_tuned"
+    studies="ours_graph ours_graph_percast ours_graph_combo ours_graph_aggressive ours_graph_tuned"
     note="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)"
     for w in "$@"; do for v in $studies; do
       timeout 300 $B --variants $v --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/study_prewarm_${v}_$w.json" > "/tmp/study_prewarm_${v}_$w.log" 2>&1 &

@@ -79,6 +79,10 @@ class FlashSACConfig:
     # kernels), slower at 2048/8192, where the single graph keeps more forward activations
     # for the backward than AOTAutograd's recomputing partitioner does.
     fused_update: bool | None = None
+    # Under autocast, cast each network's GEMM weights to bf16 in one kernel per call (they
+    # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
+    # values; False exists to measure the difference (benchmark variant ours_graph_percast).
+    cast_gemm_weights_once: bool = True
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:

@@ -99,6 +99,8 @@ class FlashSACLearner:
         ).to(self.device)
         self.target_critic = copy.deepcopy(self.critic)
         self.target_critic.params.requires_grad_(False)
+        for net in (self.actor, self.critic, self.target_critic):
+            net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(

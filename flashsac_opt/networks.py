@@ -60,6 +60,19 @@ def class_ordered_layout(
     return FlatLayout(shapes), groups
 
 
+def gemm_prefix_layout(layout: FlatLayout, groups: list[tuple[str, str, str, int]]) -> FlatLayout:
+    """Layout of the leading "rows" slots (the GEMM weights), which must come first."""
+    names = layout.names()
+    count = 0
+    for kind, first, last, _ in groups:
+        if kind != "rows" or names.index(first) != count:
+            break
+        count = names.index(last) + 1
+    prefix = FlatLayout([(name, layout.slots[name].shape) for name in names[:count]])
+    assert all(prefix.slots[n].offset == layout.slots[n].offset for n in prefix.slots)
+    return prefix
+
+
 def _renormalize(layout: FlatLayout, groups: list[tuple[str, str, str, int]], flat: torch.Tensor) -> torch.Tensor:
     """Return a renormalized copy of ``flat`` (``flat`` itself is not modified).
 
@@ -100,6 +113,8 @@ class _FlatNetwork(nn.Module):
     bn_stats: torch.Tensor
     params: nn.Parameter
     stats_layout: FlatLayout
+    gemm_layout: FlatLayout  # the "rows" (GEMM weight) slots: a prefix of ``layout``
+    cast_gemm_weights_once = True
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -120,6 +135,21 @@ class _FlatNetwork(nn.Module):
         for name, v in self.stats_layout.views(self.bn_stats).items():
             v.fill_(1.0 if name.endswith(".var") else 0.0)
         self.params.data.copy_(self.renormalized(self.params.data))
+
+    def gemm_weights(self, flat: torch.Tensor, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The GEMM weights as the matmuls will read them.
+
+        Under autocast every matmul casts its fp32 weight to the low-precision dtype: one
+        small kernel per weight and call (~20 per update, ~2 us each at batch 256). The
+        weights are the "rows" blocks at the front of the flat buffer, so one cast of that
+        prefix gives all of them at once (the same values, bit for bit). Without autocast,
+        or with casting per matmul (``cast_gemm_weights_once = False``), the fp32 views.
+        """
+        device = flat.device.type
+        if not (self.cast_gemm_weights_once and flat.dtype == torch.float32 and torch.is_autocast_enabled(device)):
+            return views
+        low = flat[: self.gemm_layout.numel].to(torch.get_autocast_dtype(device))
+        return self.gemm_layout.views(low)
 
     def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
         """Post-step renormalization of a flat parameter tensor (returns a new tensor).
@@ -166,6 +196,7 @@ class FlashSACActor(_FlatNetwork):
                 ("none", [("mean.bias", (action_dim,)), ("log_std.bias", (action_dim,))]),
             ]
         )
+        self.gemm_layout = gemm_prefix_layout(self.layout, self.renorm_groups)
         stats: list[tuple[str, tuple[int, ...]]] = [("in_bn.mean", (obs_dim,)), ("in_bn.var", (obs_dim,))]
         for b in blocks:
             stats += [(f"{b}.up_bn.mean", (e,)), (f"{b}.up_bn.var", (e,))]
@@ -200,18 +231,19 @@ class FlashSACActor(_FlatNetwork):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Return (mean, std, new_bn_stats or None)."""
         p = self.layout.views(params)
+        w = self.gemm_weights(params, p)
         s = self.stats_layout.views(stats)
         new_stats: list[torch.Tensor] = []
-        x = F.linear(self._bn(obs, p, s, "in_bn", training, new_stats), p["in_proj"])
+        x = F.linear(self._bn(obs, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
             b = f"block{i}"
-            y = F.relu(self._bn(F.linear(x, p[f"{b}.up"]), p, s, f"{b}.up_bn", training, new_stats))
-            y = F.relu(self._bn(F.linear(y, p[f"{b}.down"]), p, s, f"{b}.down_bn", training, new_stats))
+            y = F.relu(self._bn(F.linear(x, w[f"{b}.up"]), p, s, f"{b}.up_bn", training, new_stats))
+            y = F.relu(self._bn(F.linear(y, w[f"{b}.down"]), p, s, f"{b}.down_bn", training, new_stats))
             x = y + x
         # Kept as x / sqrt(.) (not x * rsqrt(.)) so eager results match UniLab bit for bit.
         x = (x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + RMS_EPS)) * p["out_rms"]
-        mean = F.linear(x, p["mean.weight"], p["mean.bias"])
-        squashed = 1.0 + torch.tanh(F.linear(x, p["log_std.weight"], p["log_std.bias"]))
+        mean = F.linear(x, w["mean.weight"], p["mean.bias"])
+        squashed = 1.0 + torch.tanh(F.linear(x, w["log_std.weight"], p["log_std.bias"]))
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * squashed
         std = torch.exp(log_std)
         packed = torch.cat([t.reshape(-1) for t in new_stats]) if training else None
@@ -312,6 +344,7 @@ class FlashSACCritic(_FlatNetwork):
                 ("none", [("logits.bias", (n, num_atoms))]),
             ]
         )
+        self.gemm_layout = gemm_prefix_layout(self.layout, self.renorm_groups)
         stats: list[tuple[str, tuple[int, ...]]] = [("in_bn.mean", (n, d)), ("in_bn.var", (n, d))]
         for b in blocks:
             stats += [(f"{b}.up_bn.mean", (n, e)), (f"{b}.up_bn.var", (n, e))]
@@ -346,21 +379,23 @@ class FlashSACCritic(_FlatNetwork):
         stats: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Returns (Q per member (n, B), atom log-probs (n, B, atoms), new BN stats or None)."""
-        p = self.layout.views(self.params if params is None else params)
+        flat = self.params if params is None else params
+        p = self.layout.views(flat)
+        w = self.gemm_weights(flat, p)
         s = self.stats_layout.views(self.bn_stats if stats is None else stats)
         new_stats: list[torch.Tensor] = []
         x = torch.cat((obs, actions), dim=-1)
         x = x.unsqueeze(0).expand(self.num_members, -1, -1)
-        x = torch.einsum("nbi,noi->nbo", self._bn(x, p, s, "in_bn", training, new_stats), p["in_proj"])
+        x = torch.einsum("nbi,noi->nbo", self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
             b = f"block{i}"
-            y = torch.einsum("nbi,noi->nbo", x, p[f"{b}.up"])
+            y = torch.einsum("nbi,noi->nbo", x, w[f"{b}.up"])
             y = F.relu(self._bn(y, p, s, f"{b}.up_bn", training, new_stats))
-            y = torch.einsum("nbi,noi->nbo", y, p[f"{b}.down"])
+            y = torch.einsum("nbi,noi->nbo", y, w[f"{b}.down"])
             y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
             x = y + x
         x = (x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + RMS_EPS)) * p["out_rms"].unsqueeze(1)
-        logits = torch.einsum("nbi,noi->nbo", x, p["logits.weight"]) + p["logits.bias"].unsqueeze(1)
+        logits = torch.einsum("nbi,noi->nbo", x, w["logits.weight"]) + p["logits.bias"].unsqueeze(1)
         log_probs = F.log_softmax(logits, dim=-1)
         q = torch.sum(log_probs.exp() * self.support.view(1, 1, -1), dim=-1)
         packed = torch.cat([t.reshape(-1) for t in new_stats]) if training else None

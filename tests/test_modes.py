@@ -150,6 +150,46 @@ def test_learner_actor_step_has_no_critic_weight_gradient_gemms():
     assert full_flops > learner_flops
 
 
+@pytest.mark.parametrize("network", ["actor", "critic"])
+def test_gemm_weights_cast_once_under_autocast_same_values_fewer_casts(network):
+    """Under bf16 autocast each network casts its GEMM weights in one op per call, not one per
+    matmul; outputs and fp32 parameter gradients stay bit-identical."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flashsac_opt.networks import FlashSACActor, FlashSACCritic
+
+    class CountCasts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.casts = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default):
+                self.casts += 1
+            return func(*args, **kwargs)
+
+    torch.manual_seed(0)
+    net = FlashSACActor(98, 29) if network == "actor" else FlashSACCritic(101, 29)
+    g = torch.Generator().manual_seed(1)
+    inputs = (torch.randn(64, 98, generator=g), torch.randn(64, 29, generator=g)) if network == "actor" else (
+        torch.randn(64, 101, generator=g), torch.tanh(torch.randn(64, 29, generator=g)))
+    results = {}
+    for once in (False, True):
+        net.cast_gemm_weights_once = once
+        flat = net.params.detach().clone().requires_grad_(True)
+        with CountCasts() as counter, torch.autocast("cpu", dtype=torch.bfloat16):
+            first, second, stats = net(*inputs, training=True, params=flat)
+            (first.float().sum() + second.float().sum()).backward()
+        results[once] = (counter.casts, first, second, stats, flat.grad)
+    (casts_per_op, *per_op), (casts_once, *once) = results[False], results[True]
+    for a, b in zip(per_op, once, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    weights = len(net.gemm_layout.names())
+    print(f"{network}: {casts_per_op} casts per matmul, {casts_once} with one cast per call")
+    assert weights >= 6 and casts_once <= casts_per_op - (weights - 1), (casts_once, casts_per_op)
+
+
 def test_graph_mode_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
