@@ -28,16 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-from common import plot_only_or_require_cuda
+from common import percentile, plot_only_or_require_cuda
 
 COLUMNS = ("cpu_sample", "h2d", "cpu_sample_h2d", "gpu_sample", "gpu_sample_graph")
 
 
 def stats(ms: list[float]) -> dict[str, float]:
-    ordered = sorted(ms)
-    k = (len(ordered) - 1) * 0.9
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return {"median": statistics.median(ms), "p90": ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), "mean": statistics.fmean(ms)}
+    return {"median": statistics.median(ms), "p90": percentile(ms, 0.9), "mean": statistics.fmean(ms)}
 
 
 def measure(capacity: int, width: int, rows: int, warmup: int, repeat: int) -> dict:
