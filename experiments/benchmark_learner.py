@@ -368,6 +368,7 @@ def plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     cells = [c for c in report["cells"] if "ms_median" in c]
     workloads = [w for w in WORKLOADS if any(c["workload"] == w for c in cells)]
@@ -384,14 +385,18 @@ def plot(report: dict, path: Path) -> None:
                 ys.append(cell["ms_median"])
                 errs.append(cell["ms_p90"] - cell["ms_median"])
         bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=v, color=colors.get(v), capsize=2)
-        ax.bar_label(bars, labels=[f"{y:.2f}" if y < 10 else f"{y:.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
+        ax.bar_label(bars, labels=[f"{y:.2f}" if y < 10 else f"{y:.1f}" if y < 100 else f"{y:.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
     ax.set_yscale("log")
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels([f"{w}\nB{WORKLOADS[w]['batch_size']} x {WORKLOADS[w]['updates_per_step']} upd" for w in workloads])
     ax.set_ylabel("ms per learner iteration (median; whisker = p90), log scale")
     env = report["environment"]
     ax.set_title(f"FlashSAC learner iteration: UniLab 1.5.2 vs flashsac_opt ({env.get('gpu')}, torch {env.get('torch')}, bf16)")
-    ax.legend(ncol=3, fontsize=8)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 4)  # headroom: value labels and legend above the tallest bar
+    ax.legend(ncol=3, fontsize=8, loc="upper center")
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
