@@ -59,36 +59,54 @@ unilab_patch.apply(Path("/tmp/patched"), include_optional=cpu)
 print(unilab_patch.status(Path("/tmp/patched")))
 PY
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/env.txt"
-COMMON=("${SIZE[@]}" --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) --learning-starts 8 --replay-buffer-n 32 --save-interval $(( ITER < 100 ? ITER : 100 )))
-# Each run's --time-limit: an equal share of what is left (less the eval and a shutdown grace
-# per run), plus ~95 s for stock UniLab's graph mode, whose cold compile is that much longer.
-extra() { [ "$1" = unilab:graph ] && echo 95 || echo 0; }
-TAG="u${U}_b${SIZE[3]}"
+# Each run's --time-limit: its start-up cost (UniLab start, compile, capture: rough H200
+# figures, cold or after an earlier run of this call filled the Inductor cache) plus an
+# equal share of the iteration time left after every remaining run's start-up, the eval
+# (60 s) and a shutdown grace per run (20 s).
+startup() {  # LEARNER:MODE WARM(0|1) -> seconds
+  case "$1:$2" in
+    unilab:graph:0) echo 170 ;; unilab:graph:1) echo 80 ;;
+    unilab:compile:0|flashsac_opt:compile:0) echo 60 ;; unilab:compile:1|flashsac_opt:compile:1) echo 30 ;;
+    flashsac_opt:graph:0) echo 75 ;; flashsac_opt:graph:1) echo 25 ;;
+    *) echo 20 ;;
+  esac
+}
+# (At these costs two runs leave ~100 s of iterations each; four, ~15 s: hence one U per call.)
+declare -A SEEN=(); STARTUP=()
+for r in "${RUNS[@]}"; do
+  lm=$(cut -d: -f1,2 <<< "$r"); STARTUP+=("$(startup "$lm" "${SEEN[$lm]:-0}")"); SEEN[$lm]=1
+done
 : > "$OUT/trainings.log"
-LAST_OURS=""
+LAST_OURS=""; LAST_TAG=""
 for i in "${!RUNS[@]}"; do
   IFS=: read -r learner mode seed <<< "${RUNS[$i]}"; seed=${seed:-1}
-  left=("${RUNS[@]:$i}"); extras=0
-  for r in "${left[@]}"; do extras=$((extras + $(extra "$(cut -d: -f1,2 <<< "$r")"))); done
-  share=$(( (deadline - SECONDS - 60 - 20 * ${#left[@]} - extras) / ${#left[@]} + $(extra "$learner:$mode") ))
+  n=$(( ${#RUNS[@]} - i )); fixed=0
+  for t in "${STARTUP[@]:$i}"; do fixed=$((fixed + t)); done
+  share=$(( STARTUP[i] + (deadline - SECONDS - 60 - 20 * n - fixed) / n ))
   [ "$DRY" = 1 ] && share=40
   [ $share -ge 30 ] || { echo "skipped $learner:$mode:$seed: only ${share}s left" | tee -a "$OUT/trainings.log"; continue; }
   root=/tmp/stock; [ "$learner" = flashsac_opt ] && root=/tmp/patched
+  TAG="u${U}_b${SIZE[3]}"
   name="training_${TAG}_${learner}_${mode}_s$seed"
   logs="/tmp/logs_${name}"
   timeout $((share + 90)) python3 experiments/benchmark_flashsac_training.py --unilab-root $root --learner $learner --mode $mode --seed $seed \
-    "${COMMON[@]}" --time-limit $share --log-root "$logs" --output "$OUT/$name.json" > "/tmp/$name.log" 2>&1
+    "${SIZE[@]}" --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) \
+    --learning-starts 8 --replay-buffer-n 32 --save-interval $(( ITER < 100 ? ITER : 100 )) \
+    --time-limit $share --log-root "$logs" --output "$OUT/$name.json" > "/tmp/$name.log" 2>&1
   rc=$?
   { echo "== $name: rc=$rc, limit ${share}s, done at ${SECONDS}s"; grep -v "^[│╭╰├┃]" "/tmp/$name.log" | tail -n 6; } | tee -a "$OUT/trainings.log"
-  [ "$learner" = flashsac_opt ] && LAST_OURS="$logs"
+  [ "$learner" = flashsac_opt ] && { LAST_OURS="$logs"; LAST_TAG="$TAG"; }
 done
 # Stock UniLab's eval on the last flashsac_opt run's checkpoint (a few steps; the video is best effort).
 RUN=$( [ -n "$LAST_OURS" ] && ls -d "$LAST_OURS"/G1WalkFlat/*/ 2>/dev/null | tail -n 1)
-if [ -n "$RUN" ]; then
+if [ -n "$RUN" ] && ! ls "$RUN"/model_*.pt > /dev/null 2>&1; then
+  # (UniLab's eval exits 0 after "Could not find checkpoint": say it here instead)
+  echo "stock eval skipped: the flashsac_opt run $RUN wrote no checkpoint" | tee -a "$OUT/trainings.log"
+elif [ -n "$RUN" ]; then
   # (run from the log dir: Hydra writes its train_flashsac.log into the working directory)
   (cd "$LAST_OURS" && PYTHONPATH="/tmp/stock:$DEPS" timeout $(( deadline - SECONDS > 20 ? deadline - SECONDS : 20 )) python3 -c "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())" \
     --algo flashsac --task g1_walk_flat --sim mujoco --load-run "$(basename "$RUN")" --render-mode record \
     training.play_steps=20 training.play_env_num=4 training.export_onnx=false training.log_root="$LAST_OURS" \
-    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml) > "$OUT/stock_eval_of_flashsac_opt_$TAG.log" 2>&1
-  echo "stock eval rc=$?"; grep -m1 "Loading flashsac checkpoint" "$OUT/stock_eval_of_flashsac_opt_$TAG.log"
+    env.scene.model_file=/tmp/stock/unilab/assets/robots/g1/scene_flat.xml) > "$OUT/stock_eval_of_flashsac_opt_$LAST_TAG.log" 2>&1
+  echo "stock eval rc=$?"; grep -m1 "Loading flashsac checkpoint" "$OUT/stock_eval_of_flashsac_opt_$LAST_TAG.log"
 fi
