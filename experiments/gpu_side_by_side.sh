@@ -35,9 +35,22 @@ json.dump(merged, open(sys.argv[1], "w"), indent=1)
 PY
 }
 ALL="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph ours_graph_fused ours_graph_split ours_graph_replay"
+SIX="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph"  # the variants
+WARMED="cold machine; Inductor cache warmed by the prewarm processes of this call"
+gpu_env() { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"; }
+prewarm_cell() {  # NAME BENCHMARK-ARGS...: one cold compile in the background (2 iterations, no profile)
+  local name=$1; shift
+  timeout 300 $B "$@" --iters 2 --warmup 1 --no-profile --note "$PREWARM_NOTE" --output "/tmp/$name.json" > "/tmp/$name.log" 2>&1 &
+}
+collect_prewarm() {  # JSON LOG PREFIX: wait for the prewarm cells /tmp/PREFIX*, merge their JSON and log tails
+  wait
+  echo "prewarm done at ${SECONDS}s"
+  merge_reports "$1" /tmp/"$3"*.json
+  tail -n 4 /tmp/"$3"*.log > "$2"
+}
 case "${1:-}" in
   prewarm)
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
+    gpu_env
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/env.txt"
     for w in W1 W2 W3 W4; do
       timeout 550 $B --variants unilab_graph unilab_compile --workloads $w --iters 3 --warmup 1 --no-profile \
@@ -56,45 +69,38 @@ case "${1:-}" in
     timeout 590 $B --variants $ALL --workloads "$@" --iters 30 --note "warm Inductor cache (prewarmed in the previous call)" \
       --output "$OUT/side_by_side_$tag.json" 2>&1 | tee "$OUT/side_by_side_$tag.log" ;;
   one)
-    timeout 590 $B --variants unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph --workloads "$2" --iters 30 \
+    timeout 590 $B --variants $SIX --workloads "$2" --iters 30 \
       --note "cold Inductor cache, one workload per process" --output "$OUT/side_by_side_$2.json" 2>&1 | tee "$OUT/side_by_side_$2.log" ;;
   pair)
     [ $# -eq 3 ] || { echo "usage: $0 pair W W" >&2; exit 2; }
     w1=$2; w2=$3; deadline=$((SECONDS + 585))
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
-    note="prewarm: cold Inductor cache, 6 processes compiling at once (cold_start_s is an upper bound; ms figures are not timings: the GPU is shared)"
+    gpu_env
+    PREWARM_NOTE="prewarm: cold Inductor cache, 6 processes compiling at once (cold_start_s is an upper bound; ms figures are not timings: the GPU is shared)"
     for w in $w1 $w2; do
-      timeout 300 $B --variants unilab_graph --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/prewarm_a_$w.json" > "/tmp/prewarm_a_$w.log" 2>&1 &
-      timeout 300 $B --variants unilab_compile ours_compile --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/prewarm_b_$w.json" > "/tmp/prewarm_b_$w.log" 2>&1 &
-      timeout 300 $B --variants ours_graph --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/prewarm_c_$w.json" > "/tmp/prewarm_c_$w.log" 2>&1 &
+      prewarm_cell pair_prewarm_a_$w --variants unilab_graph --workloads $w
+      prewarm_cell pair_prewarm_b_$w --variants unilab_compile ours_compile --workloads $w
+      prewarm_cell pair_prewarm_c_$w --variants ours_graph --workloads $w
     done
-    wait
-    echo "prewarm done at ${SECONDS}s"
-    merge_reports "$OUT/prewarm_${w1}_$w2.json" /tmp/prewarm_[abc]_*.json
-    tail -n 4 /tmp/prewarm_[abc]_*.log > "$OUT/prewarm.log"
-    six="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph"
+    collect_prewarm "$OUT/prewarm_${w1}_$w2.json" "$OUT/prewarm.log" pair_prewarm_
     out="$OUT/side_by_side_${w1}_$w2.json"
-    timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $six --workloads $w1 --iters 30 \
-      --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --output "$out" 2>&1 | tee "$OUT/side_by_side_${w1}_$w2.log"
+    timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $SIX --workloads $w1 --iters 30 \
+      --note "$WARMED" --output "$out" 2>&1 | tee "$OUT/side_by_side_${w1}_$w2.log"
     # the second workload's most wanted cells first, so a time limit cuts the least
     timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 \
-      --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --merge "$out" --output "$out" 2>&1 | tee -a "$OUT/side_by_side_${w1}_$w2.log" ;;
+      --note "$WARMED" --merge "$out" --output "$out" 2>&1 | tee -a "$OUT/side_by_side_${w1}_$w2.log" ;;
   study)
     shift
     [ $# -ge 1 ] || { echo "usage: $0 study W..." >&2; exit 2; }
     deadline=$((SECONDS + 585))
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
+    gpu_env
     studies="ours_graph ours_graph_percast ours_graph_combo ours_graph_aggressive ours_graph_tuned"
-    note="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)"
+    PREWARM_NOTE="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)"
     for w in "$@"; do for v in $studies; do
-      timeout 300 $B --variants $v --workloads $w --iters 2 --warmup 1 --no-profile --note "$note" --output "/tmp/study_prewarm_${v}_$w.json" > "/tmp/study_prewarm_${v}_$w.log" 2>&1 &
+      prewarm_cell study_prewarm_${v}_$w --variants $v --workloads $w
     done; done
-    wait
-    echo "prewarm done at ${SECONDS}s"
-    merge_reports "$OUT/prewarm_study.json" /tmp/study_prewarm_*.json
-    tail -n 4 /tmp/study_prewarm_*.log > "$OUT/prewarm_study.log"
+    collect_prewarm "$OUT/prewarm_study.json" "$OUT/prewarm_study.log" study_prewarm_
     tag=$(IFS=_; echo "$*")
     timeout $(( deadline - SECONDS )) $B --variants $studies --workloads "$@" --iters 30 \
-      --note "cold machine; Inductor cache warmed by the prewarm processes of this call" --output "$OUT/study_$tag.json" 2>&1 | tee "$OUT/study_$tag.log" ;;
+      --note "$WARMED" --output "$OUT/study_$tag.json" 2>&1 | tee "$OUT/study_$tag.log" ;;
   *) echo "usage: $0 prewarm | main W... | one W | pair W W | study W..." >&2; exit 2 ;;
 esac
