@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import percentile
+from common import host_share, percentile
 
 REPO = Path(__file__).resolve().parents[1]
 # UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
@@ -165,7 +165,7 @@ def environment(device: str) -> dict:
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu_cores": os.cpu_count(),
+        **host_share(),
     }
     for dist in ("unilab", "flashsac-opt", "mujoco"):
         try:

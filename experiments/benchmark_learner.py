@@ -46,7 +46,7 @@ import time
 import traceback
 from pathlib import Path
 
-from common import percentile, plot_only_or_require_cuda
+from common import host_share, percentile, plot_only_or_require_cuda
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -357,7 +357,7 @@ def environment() -> dict:
         "triton": version("triton"),
         "unilab": version("unilab"),
         "python": platform.python_version(),
-        "cpu_cores": os.cpu_count(),
+        **host_share(),
         "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS"),
         "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }

@@ -7,7 +7,12 @@ across ranks inside the same graph (flashsac_opt/data_parallel.py).
 
 Weak scaling: each rank keeps the workload's batch, so the global batch grows with N.
   scaling_efficiency = t(1) / t(N)      (1.0 = the collectives cost nothing)
-  collective_share   = (t(N) - t(1)) / t(N)   (collective_ms_per_iteration = t(N) - t(1))
+  collective_share   = (t(N) - t(1')) / t(N)   (collective_ms_per_iteration = t(N) - t(1'))
+t(1) is the best single-GPU learner (compile/graph modes fuse each loss, backward and step
+into one compiled function); a data-parallel learner cannot fuse (the all-reduce sits between
+backward and step), so t(1') is a single GPU on the data-parallel code path without the
+collective (``fused_update=False``, world 1). Without that cell (eager mode, or
+--no-unfused-baseline) t(1') = t(1).
 Replay traffic per iteration (seed 003 Tier 2): rows and bytes each rank samples (on its own
 GPU: no H2D), the global sum, the bytes each rank all-reduces, and the global sample:new
 ratio against one collector writing --new-rows rows per iteration (2048: motion tracking).
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -33,7 +39,7 @@ import time
 import traceback
 from pathlib import Path
 
-from common import percentile
+from common import host_share, percentile
 
 WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -49,6 +55,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _tensors(state: dict, prefix: str = ""):
+    for key, value in state.items():
+        if hasattr(value, "dtype") and hasattr(value, "shape"):
+            yield prefix + str(key), value
+        elif isinstance(value, dict):
+            yield from _tensors(value, f"{prefix}{key}.")
 
 
 def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> None:
@@ -72,7 +86,9 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
     try:
         w = dict(spec["workload"])
         dims = {k: w.pop(k) for k in DIM_KEYS}
-        cfg = FlashSACConfig(**w, learner_mode=spec["mode"], use_amp=cuda, amp_dtype="bf16", gamma=0.97, tau=0.05)
+        fused = None if spec["fused"] else False  # None: the learner's own choice
+        cfg = FlashSACConfig(**w, learner_mode=spec["mode"], use_amp=cuda, amp_dtype="bf16", gamma=0.97, tau=0.05,
+                             fused_update=fused)
         torch.manual_seed(rank)
         start = time.perf_counter()
         learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 else None, **dims)
@@ -98,9 +114,15 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
             iteration()
             times.append((time.perf_counter() - t0) * 1e3)
         finite = bool(torch.isfinite(learner.critic.params).all()) and bool(torch.isfinite(learner.actor.params).all())
+        # The whole learner state (networks, targets, Adam moments, BN and reward statistics,
+        # temperature) must be bit-identical on every rank after the timed iterations.
+        digest = hashlib.sha256()
+        for name, t in sorted(_tensors(learner.state_dict())):
+            digest.update(name.encode())
+            digest.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         row_bytes = replay.obs.element_size() * replay.layout.obs_width + replay.rest.element_size() * replay.layout.rest_width
         mine = {
-            "rank": rank, "ms": times, "cold_start_s": cold, "finite": finite,
+            "rank": rank, "ms": times, "state_sha256": digest.hexdigest(), "cold_start_s": cold, "finite": finite, "fused_update": learner.fused_update,
             "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
             "rows_sampled": u * bsz, "bytes_sampled": u * bsz * row_bytes,
             "collective_bytes": collective_bytes_per_iteration(learner, u, pf) if world > 1 else 0,
@@ -116,25 +138,33 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
             dist.destroy_process_group()
 
 
-def run_world(world: int, wname: str, args) -> dict:
+def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
     import torch.multiprocessing as mp
 
     spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
-            "iters": args.iters, "warmup": args.warmup}
+            "iters": args.iters, "warmup": args.warmup, "fused": fused}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
-        mp.start_processes(_worker, args=(world, _free_port(), spec, path), nprocs=world, start_method="spawn")
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), spec, path), nprocs=world, start_method="spawn", join=False)
+        deadline = time.monotonic() + args.cell_timeout
+        while not ctx.join(timeout=5):  # raises if a rank failed
+            if time.monotonic() > deadline:  # a hung collective must not take the other cells with it
+                for proc in ctx.processes:
+                    proc.kill()
+                raise TimeoutError(f"{world} ranks did not finish within --cell-timeout {args.cell_timeout} s")
         ranks = json.loads(Path(path).read_text())
     w = WORKLOADS[wname]
     r0 = ranks[0]
     return {
-        "workload": wname, "world_size": world, **{k: w[k] for k in ("batch_size", "updates_per_step", "policy_frequency")},
+        "workload": wname, "world_size": world, "fused_update": r0["fused_update"],
+        "baseline_of_collectives": world == 1 and not fused, **{k: w[k] for k in ("batch_size", "updates_per_step", "policy_frequency")},
         "ms_median": statistics.median(r0["ms"]), "ms_p90": percentile(r0["ms"], 0.9),
         "ms_median_slowest_rank": max(statistics.median(r["ms"]) for r in ranks),
         "global_updates_per_s": world * w["updates_per_step"] / (statistics.median(r0["ms"]) / 1e3),
         "cold_start_s_max": max(r["cold_start_s"] for r in ranks),
         "peak_memory_mib_max": max((r["peak_memory_mib"] or 0.0) for r in ranks) or None,
         "finite": all(r["finite"] for r in ranks),
+        "ranks_bit_identical": len({r["state_sha256"] for r in ranks}) == 1,
         "rows_sampled_per_rank": r0["rows_sampled"], "bytes_sampled_per_rank": r0["bytes_sampled"],
         "bytes_sampled_global": sum(r["bytes_sampled"] for r in ranks),
         "h2d_bytes_per_rank": 0,  # rank-local GPU replay: sampled on the device
@@ -145,14 +175,22 @@ def run_world(world: int, wname: str, args) -> dict:
 
 
 def add_scaling(cells: list[dict]) -> None:
+    def single(wname: str, collective_baseline: bool) -> dict | None:
+        return next((b for b in cells if b["workload"] == wname and b["world_size"] == 1 and "ms_median" in b
+                     and b.get("baseline_of_collectives", False) == collective_baseline), None)
+
     for c in cells:
-        base = next((b for b in cells if b["workload"] == c["workload"] and b["world_size"] == 1 and "ms_median" in b), None)
-        if base and "ms_median" in c:
-            c["scaling_efficiency"] = base["ms_median"] / c["ms_median"]
-            c["collective_share"] = max(0.0, (c["ms_median"] - base["ms_median"]) / c["ms_median"])
+        if "ms_median" not in c or c.get("baseline_of_collectives"):
+            continue
+        best = single(c["workload"], False)
+        same_path = single(c["workload"], True) or best
+        if best:
+            c["scaling_efficiency"] = best["ms_median"] / c["ms_median"]
+        if same_path:
             # Inside one captured graph the all-reduces cannot be timed apart: their cost is
-            # what the iteration gained over the single-GPU run with the same per-rank batch.
-            c["collective_ms_per_iteration"] = max(0.0, c["ms_median"] - base["ms_median"])
+            # what the iteration gained over one GPU on the same (unfused) code path.
+            c["collective_ms_per_iteration"] = max(0.0, c["ms_median"] - same_path["ms_median"])
+            c["collective_share"] = c["collective_ms_per_iteration"] / c["ms_median"]
 
 
 def environment(args) -> dict:
@@ -163,7 +201,7 @@ def environment(args) -> dict:
         "device": args.device,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "torch": torch.__version__, "python": platform.python_version(), "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__, "python": platform.python_version(), **host_share(),
         "NCCL_NVLS_ENABLE": "0",
     }
 
@@ -178,11 +216,14 @@ def plot(report: dict, path: Path) -> None:
     workloads = sorted({c["workload"] for c in cells})
     fig, axes = plt.subplots(1, max(len(workloads), 1), figsize=(5.5 * max(len(workloads), 1), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads):
-        rows = sorted((c for c in cells if c["workload"] == wname), key=lambda c: c["world_size"])
-        xs = [str(c["world_size"]) for c in rows]
-        bars = ax.bar(xs, [c["ms_median"] for c in rows], color="#08519c",
+        rows = sorted((c for c in cells if c["workload"] == wname),
+                      key=lambda c: (c["world_size"], not c.get("baseline_of_collectives", False)))
+        xs = [f"{c['world_size']}\n(unfused)" if c.get("baseline_of_collectives") else str(c["world_size"]) for c in rows]
+        bars = ax.bar(xs, [c["ms_median"] for c in rows],
+                      color=["#9ecae1" if c.get("baseline_of_collectives") else "#08519c" for c in rows],
                       yerr=[[0] * len(rows), [c["ms_p90"] - c["ms_median"] for c in rows]], capsize=3)
-        ax.bar_label(bars, labels=[f"{c['ms_median']:.2f} ms\n{c.get('scaling_efficiency', 1.0):.0%}" for c in rows], fontsize=8)
+        ax.bar_label(bars, labels=[f"{c['ms_median']:.2f} ms\n" + ("no all-reduce" if c.get("baseline_of_collectives")
+                                   else f"{c.get('scaling_efficiency', 1.0):.0%}") for c in rows], fontsize=8)
         ax.set_xlabel("GPUs (ranks)")
         ax.set_ylabel("ms per iteration (median; whisker p90)")
         ax.set_title(f"{wname}: B{rows[0]['batch_size']} x {rows[0]['updates_per_step']} per rank (label: efficiency)")
@@ -201,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("eager", "compile", "graph"), help="learner_mode (default: graph on cuda, eager on cpu)")
     parser.add_argument("--capacity", type=int, default=1 << 18, help="replay rows per rank")
     parser.add_argument("--new-rows", type=int, default=2048, help="rows one collector writes per iteration (sample:new ratio)")
+    parser.add_argument("--no-unfused-baseline", dest="unfused_baseline", action="store_false",
+                        help="skip the 1-GPU cell on the data-parallel (unfused) code path")
+    parser.add_argument("--cell-timeout", type=float, default=300.0, help="seconds one world size may take (compile included)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--output", type=Path)
@@ -235,13 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment(args), "command": " ".join(["python", *sys.argv]), "cells": [],
     }
     for wname in args.workloads:
-        for world in sorted(set(args.nproc)):
-            print(f"== {wname} x {world} ranks", flush=True)
+        worlds = [(n, True) for n in sorted(set(args.nproc))]
+        if args.mode != "eager" and args.unfused_baseline and 1 in args.nproc and any(n > 1 for n in args.nproc):
+            worlds.insert(1, (1, False))  # before the multi-rank runs: they reuse its compiled code
+        for world, fused in worlds:
+            print(f"== {wname} x {world} ranks{'' if fused else ' (unfused: the data-parallel code path)'}", flush=True)
             try:
-                cell = run_world(world, wname, args)
+                cell = run_world(world, wname, args, fused)
             except Exception as exc:  # keep measuring the other cells  # noqa: BLE001
-                cell = {"workload": wname, "world_size": world, "error": f"{type(exc).__name__}: {exc}",
-                        "traceback": traceback.format_exc()[-3000:]}
+                cell = {"workload": wname, "world_size": world, "baseline_of_collectives": not fused,
+                        "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             report["cells"].append(cell)
             add_scaling(report["cells"])
             print("   " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()

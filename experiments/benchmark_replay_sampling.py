@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from common import percentile, plot_only_or_require_cuda
+from common import host_share, percentile, plot_only_or_require_cuda
 
 COLUMNS = ("cpu_sample", "h2d", "cpu_sample_h2d", "gpu_sample", "gpu_sample_graph")
 
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "environment": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(), "cpu_cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(), **host_share(),
         },
         "command": " ".join(["python", *sys.argv]),
         "capacities": [],

@@ -28,6 +28,22 @@ def run_environment(device: str) -> dict:
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "torch": torch.__version__,
         "python": platform.python_version(),
+        **host_share(),
+    }
+
+
+def host_share() -> dict:
+    """What of the host this process had: a device call may run two jobs side by side, one
+    per GPU, each pinned to half of the cores (experiments/gpu_two_jobs.sh says so in
+    FLASHSAC_RUN_NOTE)."""
+    import os
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu_cores": os.cpu_count(),
+        "cpu_cores_usable": usable,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "run_note": os.environ.get("FLASHSAC_RUN_NOTE", ""),
     }
 
 

@@ -20,7 +20,8 @@
 # autotuning did not finish a W3 compile in 415 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache" TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[ "${FLASHSAC_WHEELS_INSTALLED:-0}" = 1 ] ||  # (gpu_two_jobs.sh installs them once for both jobs)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 B="python3 experiments/benchmark_learner.py"
@@ -36,7 +37,7 @@ PY
 }
 ALL="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph ours_graph_fused ours_graph_split ours_graph_replay"
 SIX="unilab_eager unilab_compile unilab_graph ours_eager ours_compile ours_graph"  # the variants
-WARMED="cold machine; Inductor cache warmed by the prewarm processes of this call"
+WARMED="cold machine; Inductor cache warmed by the prewarm processes of this call${FLASHSAC_RUN_NOTE:+; $FLASHSAC_RUN_NOTE}"
 gpu_env() { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"; }
 prewarm_cell() {  # NAME BENCHMARK-ARGS...: one cold compile in the background (2 iterations, no profile)
   local name=$1; shift
@@ -75,7 +76,7 @@ case "${1:-}" in
     [ $# -eq 3 ] || { echo "usage: $0 pair W W" >&2; exit 2; }
     w1=$2; w2=$3; deadline=$((SECONDS + 585))
     gpu_env
-    PREWARM_NOTE="prewarm: cold Inductor cache, 6 processes compiling at once (cold_start_s is an upper bound; ms figures are not timings: the GPU is shared)"
+    PREWARM_NOTE="prewarm: cold Inductor cache, 6 processes compiling at once (cold_start_s is an upper bound; ms figures are not timings: the GPU is shared)${FLASHSAC_RUN_NOTE:+; $FLASHSAC_RUN_NOTE}"
     for w in $w1 $w2; do
       prewarm_cell pair_prewarm_a_$w --variants unilab_graph --workloads $w
       prewarm_cell pair_prewarm_b_$w --variants unilab_compile ours_compile --workloads $w
@@ -94,7 +95,7 @@ case "${1:-}" in
     deadline=$((SECONDS + 585))
     gpu_env
     studies="ours_graph ours_graph_percast ours_graph_combo ours_graph_aggressive ours_graph_tuned"
-    PREWARM_NOTE="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)"
+    PREWARM_NOTE="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)${FLASHSAC_RUN_NOTE:+; $FLASHSAC_RUN_NOTE}"
     for w in "$@"; do for v in $studies; do
       prewarm_cell study_prewarm_${v}_$w --variants $v --workloads $w
     done; done

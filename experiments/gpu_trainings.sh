@@ -35,10 +35,13 @@ if [ "$DRY" = 1 ]; then
   RUNS=("${RUNS[@]//:graph/:eager}")  # no CUDA: graph mode becomes eager
 else
   DEPS=/tmp/deps; SIZE=(--num-envs "${ENVS:-256}" --batch-size "${BATCH:-256}")
+  [ "${FLASHSAC_WHEELS_INSTALLED:-0}" = 1 ] ||  # (gpu_two_jobs.sh installs them once for both jobs)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deps .whl/*.whl || exit 1
 fi
 export PYTHONPATH="$DEPS:$PWD"
-DEPS=$DEPS DRY=$DRY python3 - <<'PY' || exit 1
+# (under a lock: two jobs of gpu_two_jobs.sh may both make the copies)
+LOCK=(); command -v flock > /dev/null && LOCK=(flock /tmp/.flashsac_unilab_copies.lock)
+DEPS=$DEPS DRY=$DRY "${LOCK[@]}" python3 - <<'PY' || exit 1
 import os, shutil, sys
 from pathlib import Path
 sys.path.insert(0, "tests")

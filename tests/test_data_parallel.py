@@ -24,7 +24,8 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str, scenario: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # NVLink multicast off (NCCL), as the GPU hosts require
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
     cuda = scenario == "nccl_graph"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:

@@ -214,7 +214,7 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert (one["world_size"], two["world_size"]) == (1, 2)
     assert "error" not in one and "error" not in two, (one.get("traceback"), two.get("traceback"))
     assert one["scaling_efficiency"] == 1.0 and one["collective_bytes_per_rank"] == 0
-    assert two["finite"] and two["collective_bytes_per_rank"] > 0
+    assert two["finite"] and two["collective_bytes_per_rank"] > 0 and two["ranks_bit_identical"]
     assert two["bytes_sampled_global"] == 2 * two["bytes_sampled_per_rank"] == 2 * one["bytes_sampled_per_rank"]
     assert two["sample_new_ratio_global"] == 2 * one["sample_new_ratio_global"] == 2 * 16 * 4 / 2048
     assert len(two["ranks_ms_median"]) == 2 and two["scaling_efficiency"] == one["ms_median"] / two["ms_median"]
@@ -222,6 +222,33 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = run("benchmark_multigpu.py", "--device", "cpu", "--mode", "graph")
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_multigpu_collective_cost_is_measured_against_the_same_code_path():
+    """Efficiency against the best single GPU; the collective's cost against one GPU on the
+    data-parallel (unfused) path, so fusing is not booked as communication."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from benchmark_multigpu import add_scaling
+    finally:
+        sys.path.pop(0)
+    cells = [
+        {"workload": "W3", "world_size": 1, "ms_median": 8.0},
+        {"workload": "W3", "world_size": 1, "ms_median": 9.0, "baseline_of_collectives": True},
+        {"workload": "W3", "world_size": 2, "ms_median": 10.0},
+        {"workload": "W4", "world_size": 1, "ms_median": 4.0},
+        {"workload": "W4", "world_size": 2, "ms_median": 5.0},
+        {"workload": "W4", "world_size": 4, "error": "NCCL"},
+    ]
+    add_scaling(cells)
+    w3_one, w3_base, w3_two, w4_one, w4_two, w4_four = cells
+    assert w3_two["scaling_efficiency"] == 0.8 and w3_two["collective_ms_per_iteration"] == 1.0
+    assert w3_two["collective_share"] == 0.1
+    assert "scaling_efficiency" not in w3_base  # the baseline is not a scaling point
+    assert w3_one["scaling_efficiency"] == 1.0 and w3_one["collective_ms_per_iteration"] == 0.0
+    # no unfused cell: the best single GPU is the baseline of both
+    assert w4_two["scaling_efficiency"] == 0.8 and w4_two["collective_ms_per_iteration"] == 1.0
+    assert "scaling_efficiency" not in w4_four
 
 
 def test_bf16_obs_storage_experiment_short_cpu_run(tmp_path):

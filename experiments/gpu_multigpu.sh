@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 7 on a multi-GPU kind (nvidia-h200-x2 or larger), one device call (< 10 min):
+# the data-parallel benchmark at every world size up to the GPUs present (W3 then W4 by
+# default; each world size also checks that all ranks end bit-identical), then the 2-GPU
+# NCCL graph-mode test if time is left.
+#   device: bash experiments/gpu_multigpu.sh [WORKLOAD...]
+# Returned: benchmark_multigpu_xN.json/.png, gpu_test_multigpu.log, env.txt.
+# NVLink multicast stays off (the device notes: it can take the host's GPUs out of service).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD"
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+deadline=$((SECONDS + 570))
+WORKLOADS=("$@"); [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W3 W4)
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvidia-smi topo -m
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"; } > "$OUT/env.txt" 2>&1
+n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+NPROC=(); for w in 1 2 4 8; do [ "$w" -le "$n" ] && NPROC+=("$w"); done
+timeout $((deadline - SECONDS - 100)) python3 experiments/benchmark_multigpu.py --nproc "${NPROC[@]}" --workloads "${WORKLOADS[@]}" \
+  --cell-timeout 240 --output "$OUT/benchmark_multigpu_x$n.json" --plot "$OUT/benchmark_multigpu_x$n.png" 2>&1 | tee "$OUT/benchmark_multigpu.log"
+left=$((deadline - SECONDS))
+if [ "$left" -gt 60 ]; then
+  timeout "$left" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_data_parallel.py 2>&1 | tee "$OUT/gpu_test_multigpu.log"
+else
+  echo "2-GPU test skipped: ${left}s left" | tee "$OUT/gpu_test_multigpu.log"
+fi
