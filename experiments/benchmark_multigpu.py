@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import hashlib
 import json
 import os
@@ -76,6 +77,8 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
     from flashsac_opt.replay import GPUReplay
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    # Should the cell hang, every thread's Python stack goes to stderr before the parent kills it.
+    faulthandler.dump_traceback_later(spec["stack_dump_after"], exit=False)
     cuda = spec["device"] == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
@@ -133,6 +136,9 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
             dist.all_gather_object(gathered, mine)
         if rank == 0:
             Path(result_path).write_text(json.dumps(gathered))
+        # A live graph that captured NCCL calls makes destroy_process_group hang
+        # (pytorch/pytorch#115388): the first H200 x2 run lost its 2-rank cells to that.
+        learner.release_graphs()
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -142,16 +148,20 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
     import torch.multiprocessing as mp
 
     spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
-            "iters": args.iters, "warmup": args.warmup, "fused": fused}
+            "iters": args.iters, "warmup": args.warmup, "fused": fused, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
         ctx = mp.start_processes(_worker, args=(world, _free_port(), spec, path), nprocs=world, start_method="spawn", join=False)
         deadline = time.monotonic() + args.cell_timeout
+        teardown_hung = False
         while not ctx.join(timeout=5):  # raises if a rank failed
             if time.monotonic() > deadline:  # a hung collective must not take the other cells with it
                 for proc in ctx.processes:
                     proc.kill()
-                raise TimeoutError(f"{world} ranks did not finish within --cell-timeout {args.cell_timeout} s")
+                if not os.path.exists(path):
+                    raise TimeoutError(f"{world} ranks did not finish within --cell-timeout {args.cell_timeout} s")
+                teardown_hung = True  # measured, then stuck tearing the process group down
+                break
         ranks = json.loads(Path(path).read_text())
     w = WORKLOADS[wname]
     r0 = ranks[0]
@@ -171,6 +181,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
         "collective_bytes_per_rank": r0["collective_bytes"],
         "sample_new_ratio_global": world * r0["rows_sampled"] / args.new_rows,
         "ranks_ms_median": [statistics.median(r["ms"]) for r in ranks],
+        "teardown_hung": teardown_hung,
     }
 
 
@@ -186,7 +197,9 @@ def add_scaling(cells: list[dict]) -> None:
         same_path = single(c["workload"], True) or best
         if best:
             c["scaling_efficiency"] = best["ms_median"] / c["ms_median"]
-        if same_path:
+        if c["world_size"] == 1:  # no collectives at all
+            c["collective_ms_per_iteration"] = c["collective_share"] = 0.0
+        elif same_path:
             # Inside one captured graph the all-reduces cannot be timed apart: their cost is
             # what the iteration gained over one GPU on the same (unfused) code path.
             c["collective_ms_per_iteration"] = max(0.0, c["ms_median"] - same_path["ms_median"])

@@ -94,7 +94,7 @@ case "${1:-}" in
     [ $# -ge 1 ] || { echo "usage: $0 study W..." >&2; exit 2; }
     deadline=$((SECONDS + 585))
     gpu_env
-    studies="ours_graph ours_graph_percast ours_graph_combo ours_graph_aggressive ours_graph_tuned"
+    studies="ours_graph ours_graph_percast ours_graph_nocombo ours_graph_aggressive ours_graph_tuned"
     PREWARM_NOTE="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)${FLASHSAC_RUN_NOTE:+; $FLASHSAC_RUN_NOTE}"
     for w in "$@"; do for v in $studies; do
       prewarm_cell study_prewarm_${v}_$w --variants $v --workloads $w

@@ -75,8 +75,10 @@ def plot(summary: dict, path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 5))
     for label, g in summary.items():
-        line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({g['seeds']} seeds, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")[0]
+        seeds = f"{g['seeds']} seed" + ("s" if g["seeds"] != 1 else "")
+        line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({seeds}, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")[0]
         ax.fill_between(g["grid_s"], g["min"], g["max"], color=line.get_color(), alpha=0.2)
+    ax.set_xlim(left=0)  # from the launch: the start-up before the first reward is part of the story
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel(TAG)
     ax.set_title(title)
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(report, indent=1))
     plot(summary, args.plot, args.title)
     for label, g in summary.items():
-        print(f"{label}: {g['seeds']} seeds, wall {np.mean(g['wall_time_s']):.1f} s, final reward {np.mean(g['final_reward']):.3f} [{min(g['final_reward']):.3f}, {max(g['final_reward']):.3f}]")
+        print(f"{label}: {g['seeds']} seed(s), wall {np.mean(g['wall_time_s']):.1f} s, final reward {np.mean(g['final_reward']):.3f} [{min(g['final_reward']):.3f}, {max(g['final_reward']):.3f}]")
     return 0
 
 

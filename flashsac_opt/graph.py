@@ -15,6 +15,10 @@ Lifetime rules (what keeps a captured graph valid):
 - Inductor's own CUDA graphs are off in this mode: a capture cannot contain another.
 - Noise comes from the default CUDA generator, which is graph-safe: each replay draws new
   values, in the same sequence eager execution would.
+- A data-parallel learner's graph holds its NCCL all-reduces: NCCL keeps a reference on
+  the communicator for every live graph that captured one, so ``destroy_process_group``
+  waits forever while such a graph exists (pytorch/pytorch#115388). Call
+  ``learner.release_graphs()`` before tearing the process group down.
 - ``run_sampled`` captures the replay sampling too (``GPUReplay``: indices from its own
   registered generator, the valid-row count read from a device tensor): the key then holds
   the replay's identity and capacity; appends between replays need no recapture.
@@ -49,6 +53,13 @@ class WholeCycleGraph:
         cfg = self.learner.cfg
         fields = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items()))
         return (u_count, pf, cfg.target_frequency, cfg.policy_before_critic, fields)
+
+    def release(self) -> None:
+        """Free the captured graph (the next iteration recaptures)."""
+        if self.graph is not None:
+            torch.cuda.synchronize(self.learner.device)  # no replay may still be running
+            self.graph.reset()
+        self.graph, self.key, self.static_batch = None, None, {}
 
     def run(self, batch: dict[str, torch.Tensor], u_count: int, pf: int, bsz: int) -> None:
         key = self._key(batch, u_count, pf)

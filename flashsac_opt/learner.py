@@ -447,6 +447,13 @@ class FlashSACLearner:
             return {}
         return dict(zip(METRIC_COLUMNS, self._single_metrics.cpu().tolist()))
 
+    def release_graphs(self) -> None:
+        """Free the captured whole-iteration graph (graph mode; a no-op otherwise). Needed
+        before ``torch.distributed.destroy_process_group()``: a live graph that captured NCCL
+        collectives makes it hang. The learner stays usable: the next update recaptures."""
+        if self._graph is not None:
+            self._graph.release()
+
     def snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(tensor, copy) for every piece of training state, to undo warm-up iterations."""
         state = persistent_state(self) + [self.actor.params.data, self.critic.params.data, self.temperature.log_temp.data]

@@ -53,6 +53,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, scenario: str) -> No
         state = torch.utils._pytree.tree_map(to_cpu, learner.state_dict())
         state["metrics_table"] = learner.update_metrics_table()
         torch.save(state, os.path.join(out_dir, f"rank{rank}.pt"))
+        learner.release_graphs()  # a live graph with captured NCCL calls hangs the teardown
     finally:
         dist.destroy_process_group()
 

@@ -278,6 +278,10 @@ def test_gpu_graph_mode_finite_guard_and_recapture():
     assert learner._graph.captures == 1
     learner.update({k: v[:128] for k, v in data[2].items()}, updates_per_step=1, policy_frequency=1)
     assert learner._graph.captures == 2  # a new shape is a new capture
+    learner.release_graphs()  # (before destroy_process_group in data-parallel runs)
+    assert learner._graph.graph is None
+    learner.update(data[0])
+    assert learner._graph.captures == 3 and torch.isfinite(learner.critic.params).all()
 
 
 def test_compile_cache_file_is_skipped_without_artifacts_and_survives_a_corrupt_file(tmp_path):
