@@ -84,11 +84,6 @@ def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[...
             # Pad GEMM operands whose rows are not 16-byte aligned (101 atoms, 29 actions,
             # 130-wide critic input) instead of letting cuBLAS fall back to align-1 kernels.
             "force_shape_pad": cuda,
-            # Horizontal fusion: independent small kernels (per-layer BN statistics,
-            # renormalization groups, Adam/Polyak pieces) share one launch. Measured on the
-            # H200 (results/benchmark_learner_study_W1_W3.json), graph mode: 1.31 vs 1.66 ms
-            # per iteration at W1, 8.48 vs 9.09 ms at W3, same cold-compile time at W3.
-            "combo_kernels": cuda,
         }
         options.update(learner.cfg.inductor_options or {})
     return {

@@ -198,7 +198,7 @@ def test_graph_mode_needs_cuda():
 
 
 # ------------------------------------------------------------------ GPU
-def _drift_against_eager(mode: str, amp: bool, updates_per_step: int, iterations: int = 50):
+def _drift_against_eager(mode: str, amp: bool, updates_per_step: int, iterations: int = 50, **mode_overrides):
     """Relative drift of `mode` from eager, next to the drift of eager from itself.
 
     The reference drift ("floor") comes from an eager run whose critic weights were
@@ -210,7 +210,7 @@ def _drift_against_eager(mode: str, amp: bool, updates_per_step: int, iterations
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     kw = dict(batch_size=256, updates_per_step=updates_per_step, use_amp=amp, actor_hidden_dim=128, critic_hidden_dim=256, num_atoms=101)
-    eager, other, floor = make("eager", "cuda", G1, **kw), make(mode, "cuda", G1, **kw), make("eager", "cuda", G1, **kw)
+    eager, other, floor = make("eager", "cuda", G1, **kw), make(mode, "cuda", G1, **kw, **mode_overrides), make("eager", "cuda", G1, **kw)
     with torch.no_grad():
         g = torch.Generator(device="cuda").manual_seed(123)
         floor.critic.params.mul_(1 + 1e-7 * torch.randn(floor.critic.params.shape, device="cuda", generator=g))
@@ -238,6 +238,15 @@ def test_gpu_mode_tracks_eager_within_rounding_drift(mode, amp):
             bound = max(bound, 2e-2)
         assert mode_drift <= bound, f"{name}: {mode_drift:.3e} vs rounding floor {floor:.3e}"
         assert mode_drift < (1e-2 if not amp else 1e-1), name
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_combo_kernels_tracks_eager():
+    """Inductor's horizontal fusion (measured faster on the H200) must not change the maths."""
+    drift = _drift_against_eager("graph", True, updates_per_step=8, inductor_options={"combo_kernels": True})
+    for name, (mode_drift, floor) in drift.items():
+        bound = max(10 * floor + 1e-6, 2e-2 if name == "losses" else 0.0)  # bf16: as the test above
+        assert mode_drift <= bound, f"{name}: {mode_drift:.3e} vs rounding floor {floor:.3e}"
 
 
 @pytest.mark.gpu
