@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--check-every", type=int, default=10, help="finite check (a host read) every N iterations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="stop after this many seconds (the checks then cover the iterations run; the JSON says so)")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
@@ -141,7 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         learners_holder.update(learners)
         on_iteration(it, learners)
 
-    curves = compare_modes(cfg, [args.mode], args.iterations, dims, args.device, args.seed, remember, batch_source)
+    start = time.monotonic()
+    last = {"it": -1}
+
+    def out_of_time(it: int) -> bool:
+        last["it"] = it
+        return args.time_limit is not None and time.monotonic() - start > args.time_limit and it >= WARMUP
+
+    curves = compare_modes(cfg, [args.mode], args.iterations, dims, args.device, args.seed, remember, batch_source, out_of_time)
+    iterations_run = last["it"] + 1
+    if iterations_run < args.iterations:  # the last iteration's finite check
+        if not all(finite_state(learner) for learner in learners_holder.values()):
+            nonfinite.append(last["it"])
     tested = learners_holder[args.mode]
     graph = getattr(tested, "_graph", None)
     recompiles = counters["stats"].get("unique_graphs", 0) - baseline.get("graphs", 0)
@@ -164,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         "compile_backend": args.compile_backend,
         "dtype": args.dtype,
         "iterations": args.iterations,
+        "iterations_run": iterations_run,
+        "stopped_by_time_limit": iterations_run < args.iterations,
+        "time_limit_s": args.time_limit,
+        "wall_s": time.monotonic() - start,
         "warmup_iterations": WARMUP,
         "training_config": {"batch_size": args.batch_size, "updates_per_step": args.updates_per_step, "policy_frequency": args.policy_frequency},
         "nonfinite_at_iterations": nonfinite,

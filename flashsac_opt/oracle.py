@@ -231,6 +231,7 @@ def compare_modes(
     seed: int = 0,
     on_iteration=None,
     batch_source=None,
+    should_stop=None,
 ) -> dict[str, dict]:
     """Drift of each learner_mode from eager, iteration by iteration, next to a rounding floor.
 
@@ -241,7 +242,8 @@ def compare_modes(
     differences of the actor/critic/target parameters and of the iteration's losses.
 
     ``batch_source(iteration) -> large batch`` replaces the synthetic batches (e.g. real
-    replay rows); ``on_iteration(iteration, learners)`` sees every learner after each step.
+    replay rows); ``on_iteration(iteration, learners)`` sees every learner after each step;
+    ``should_stop(iteration) -> bool`` ends the run early (the curves then hold fewer points).
     """
     def build(mode: str) -> FlashSACLearner:
         torch.manual_seed(seed)
@@ -277,4 +279,6 @@ def compare_modes(
             curve["losses"].append(relative_difference(tables[name], tables["eager"]))
         if on_iteration is not None:
             on_iteration(it, learners)
+        if should_stop is not None and should_stop(it):
+            break
     return curves

@@ -132,6 +132,15 @@ def test_replay_stability_short_cpu_run(tmp_path):
     assert len(report["drift"]["compile"]["critic"]) == 8
     assert report["final_drift"]["compile"]["critic"] == 0.0  # aot_eager runs eager's kernels
     assert png.stat().st_size > 10_000
+    assert report["iterations_run"] == 8 and not report["stopped_by_time_limit"]
+    # A time limit ends the run after the warm-up; the report covers what ran and says so.
+    cut = tmp_path / "cut.json"
+    done = run("validate_replay_stability.py", "--device", "cpu", "--mode", "compile", "--compile-backend", "aot_eager",
+               "--iterations", "1000", "--batch-size", "16", "--updates-per-step", "2", "--time-limit", "0", "--output", str(cut))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(cut.read_text())
+    assert report["stopped_by_time_limit"] and report["iterations_run"] == 6  # warm-up (5) + 1
+    assert len(report["drift"]["compile"]["critic"]) == 6 and report["checks"]["finite"]
 
 
 def test_replay_sampling_benchmark_plot_only_and_needs_cuda(tmp_path):
