@@ -270,3 +270,21 @@ def test_bf16_obs_storage_experiment_short_cpu_run(tmp_path):
     assert len(report["drift"]["bf16_obs"]["critic"]) == 2 and report["finite"]
     # the storage rounding moves the run more than the 1e-7 rounding floor does
     assert report["final_drift"]["bf16_obs"]["critic"] > report["final_drift"]["rounding_floor"]["critic"] > 0
+
+
+def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
+    runs = sorted((REPO / "results" / "trainings").glob("training_*.json"))
+    assert len(runs) >= 4
+    out, md = tmp_path / "summary.json", tmp_path / "summary.md"
+    done = run("summarize_trainings.py", *map(str, runs), "--output", str(out), "--markdown", str(md))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())["runs"]
+    by = {(r["updates_per_step"], r["learner"]): r for r in summary}
+    for u in (2, 8):
+        stock, ours = by[(u, "unilab")], by[(u, "flashsac_opt")]
+        assert stock["learner_ms_vs_unilab_default"] == 1.0
+        assert ours["learner_ms_vs_unilab_default"] == ours["learner_ms_median"] / stock["learner_ms_median"]
+        assert ours["first_learner_iteration_s"] == min(r["wall_s"] for r in json.loads((REPO / "results" / "trainings" / ours["file"]).read_text())["rows_all"])
+    assert md.read_text().count("\n") == 2 + len(runs)
+    bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
+    assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,126 @@
+"""The training matrix's summary table (issue 5) from benchmark_flashsac_training.py's JSON.
+
+One row per run: configuration (updates per step, batch, learner, mode, seed), how far it
+got, when its first learner iteration came (seconds from UniLab's launch: start-up and
+compile), learner / iteration / collector ms (median and p90 over the run's summarized
+tail) and reward, plus the learner-time ratio against stock UniLab's default (whole-cycle
+graph) run of the same updates, batch and seed when one is among the inputs. Writes JSON and
+a markdown table; with --plot, a bar chart of learner ms per configuration.
+
+    python experiments/summarize_trainings.py results/trainings/training_*.json \\
+        --output results/trainings/summary.json --markdown results/trainings/summary.md \\
+        --plot results/trainings/summary.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REFERENCE = ("unilab", "graph")  # stock UniLab's default learner
+
+
+def summarize_run(path: Path) -> dict:
+    report = json.loads(path.read_text())
+    if report.get("experiment") != "benchmark_flashsac_training":
+        raise ValueError(f"{path}: not a benchmark_flashsac_training.py report")
+    cfg = report["training_config"]
+    rows_all = report["rows_all"]
+    rewards = [r["reward"] for r in rows_all if "reward" in r]
+    tail_rewards = [r["reward"] for r in report["rows"] if "reward" in r]
+    stat = lambda key, q: (report.get(key) or {}).get(q)  # noqa: E731
+    return {
+        "file": path.name,
+        "updates_per_step": cfg["updates_per_step"], "batch_size": cfg["batch_size"], "num_envs": cfg["num_envs"],
+        "learner": report["learner"], "mode": report["mode"], "seed": cfg["seed"],
+        "iterations_planned": cfg["iterations"], "iterations_logged": report["iterations_logged"],
+        "stopped_by_time_limit": report["stopped_by_time_limit"],
+        "first_learner_iteration_s": min((r["wall_s"] for r in rows_all if "wall_s" in r), default=None),
+        "summarized_iterations": len(report["rows"]),
+        "learner_ms_median": stat("learner_train_ms", "median"), "learner_ms_p90": stat("learner_train_ms", "p90"),
+        "iter_ms_median": stat("iter_ms", "median"), "iter_ms_p90": stat("iter_ms", "p90"),
+        "collector_ms_median": stat("collector_cycle_ms", "median"),
+        "reward_last": rewards[-1] if rewards else None,
+        "reward_tail_mean": sum(tail_rewards) / len(tail_rewards) if tail_rewards else None,
+        "gpu": report["environment"].get("gpu"), "torch": report["environment"].get("torch"),
+        "date": report["environment"].get("date"), "run_note": report["environment"].get("run_note", ""),
+    }
+
+
+def add_ratios(runs: list[dict]) -> None:
+    for run in runs:
+        ref = next((r for r in runs if (r["learner"], r["mode"]) == REFERENCE and r["seed"] == run["seed"]
+                    and r["updates_per_step"] == run["updates_per_step"] and r["batch_size"] == run["batch_size"]), None)
+        if ref and ref["learner_ms_median"] and run["learner_ms_median"] is not None:
+            run["learner_ms_vs_unilab_default"] = run["learner_ms_median"] / ref["learner_ms_median"]
+
+
+def markdown(runs: list[dict]) -> str:
+    fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+    lines = [
+        "| updates | batch | learner | mode | seed | iterations | first update (s) | learner ms median (p90) | vs UniLab default | iteration ms | collector ms | last reward |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        its = f"{r['iterations_logged']}" + (" (time limit)" if r["stopped_by_time_limit"] else "")
+        lines.append(
+            f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} | {its} "
+            f"| {fmt(r['first_learner_iteration_s'], '.0f')} | {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "
+            f"| {fmt(r.get('learner_ms_vs_unilab_default'), '.2f')} | {fmt(r['iter_ms_median'], '.1f')} "
+            f"| {fmt(r['collector_ms_median'], '.1f')} | {fmt(r['reward_last'], '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"U{r['updates_per_step']} B{r['batch_size']}\n{r['learner']} {r['mode']} s{r['seed']}" for r in runs]
+    values = [r["learner_ms_median"] or 0.0 for r in runs]
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(runs)), 4.5))
+    colors = ["#444444" if r["learner"] == "unilab" else "#08519c" for r in runs]
+    bars = ax.bar(range(len(runs)), values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8)
+    ax.set_xticks(range(len(runs)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("learner ms / iteration (median)")
+    ax.set_title("G1 walk flat, MuJoCo: learner time per iteration in real training (UniLab Perf/learning_time)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("reports", nargs="+", type=Path, help="benchmark_flashsac_training.py JSON files")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args(argv)
+    runs = []
+    for path in args.reports:
+        try:
+            runs.append(summarize_run(path))
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"{path}: {exc}" if not str(exc).startswith(str(path)) else str(exc))
+    runs.sort(key=lambda r: (r["updates_per_step"], r["batch_size"], r["seed"], r["learner"] != "unilab", r["mode"]))
+    add_ratios(runs)
+    table = markdown(runs)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"experiment": "summarize_trainings", "reference": "/".join(REFERENCE),
+                                       "command": " ".join(["python", *sys.argv]), "runs": runs}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(table)
+    if args.plot:
+        plot(runs, args.plot)
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
