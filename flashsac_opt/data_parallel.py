@@ -24,6 +24,9 @@ gloo (CPU) has no AVG reduction: the bucket is summed and divided by the world s
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -67,3 +70,21 @@ def collective_bytes_per_iteration(learner, updates_per_step: int, policy_freque
     actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
     actor_updates = len(range(0, updates_per_step, policy_frequency))
     return 4 * (updates_per_step * critic + actor_updates * actor)
+
+
+def named_tensors(state: dict, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a nested state dict (e.g. ``learner.state_dict()``), as (dotted name, tensor)."""
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            yield f"{prefix}{key}", value
+        elif isinstance(value, dict):
+            yield from named_tensors(value, f"{prefix}{key}.")
+
+
+def state_digest(state: dict) -> str:
+    """SHA-256 of every tensor's name and bytes: equal digests = bit-identical states."""
+    digest = hashlib.sha256()
+    for name, t in sorted(named_tensors(state), key=lambda item: item[0]):
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flashsac_opt.config import FlashSACConfig
-from flashsac_opt.data_parallel import collective_bytes_per_iteration
+from flashsac_opt.data_parallel import collective_bytes_per_iteration, named_tensors
 from flashsac_opt.learner import COL, FlashSACLearner
 from flashsac_opt.oracle import synthetic_batch
 
@@ -63,18 +63,10 @@ def _run(tmp_path, scenario: str, world: int = 2) -> list[dict]:
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _tensors(state: dict, prefix: str = ""):
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor):
-            yield prefix + key, value
-        elif isinstance(value, dict):
-            yield from _tensors(value, f"{prefix}{key}.")
-
-
 @pytest.mark.parametrize("scenario", ["eager", "compile"])
 def test_ranks_with_different_data_stay_bit_identical(tmp_path, scenario):
     s0, s1 = _run(tmp_path, scenario)
-    t0, t1 = dict(_tensors(s0)), dict(_tensors(s1))
+    t0, t1 = dict(named_tensors(s0)), dict(named_tensors(s1))
     assert t0.keys() == t1.keys()
     for name in t0:
         assert torch.equal(t0[name], t1[name]), name
@@ -89,8 +81,8 @@ def test_nccl_graph_mode_ranks_stay_bit_identical(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     s0, s1 = _run(tmp_path, "nccl_graph")
-    for name, t in _tensors(s0):
-        assert torch.equal(t, dict(_tensors(s1))[name]), name
+    for name, t in named_tensors(s0):
+        assert torch.equal(t, dict(named_tensors(s1))[name]), name
     assert torch.isfinite(s0["critic"]["params"]).all()
 
 
