@@ -28,10 +28,8 @@ Without CUDA the run uses the CPU (needs `flashsac-opt unilab apply --with-cpu-s
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -40,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import host_share, percentile
+from common import percentile, run_environment
 
 REPO = Path(__file__).resolve().parents[1]
 # UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
@@ -152,27 +150,6 @@ def read_rows(run_dir: Path, launched: float | None = None) -> list[dict]:
             row["reward"] = reward[step]
         rows.append(row)
     return rows
-
-
-def environment(device: str) -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        **host_share(),
-    }
-    for dist in ("unilab", "flashsac-opt", "mujoco"):
-        try:
-            env[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            env[dist] = None
-    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "iter_ms": summarize([r["iter_ms"] for r in rows if "iter_ms" in r]),
         "rows_all": rows_all,
         "rows": rows,
-        "environment": environment(device),
+        "environment": run_environment(device, packages=("unilab", "flashsac-opt", "mujoco")),
         "unilab_patches": states,
         "command": " ".join(["python", *sys.argv]),
         "unilab_command": " ".join(command[3:]),

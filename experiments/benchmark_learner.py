@@ -35,18 +35,16 @@ events over a few iterations; launches: host-side kernel/graph launch API calls.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from common import host_share, percentile, plot_only_or_require_cuda
+from common import percentile, plot_only_or_require_cuda, run_environment
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -341,24 +339,8 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
 
 
 def environment() -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(name):
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
-
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "triton": version("triton"),
-        "unilab": version("unilab"),
-        "python": platform.python_version(),
-        **host_share(),
+        **run_environment("cuda", packages=("triton", "unilab")),
         "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS"),
         "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }

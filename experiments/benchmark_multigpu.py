@@ -26,12 +26,9 @@ NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the device notes require.
 from __future__ import annotations
 
 import argparse
-import datetime
 import faulthandler
-import hashlib
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -40,7 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-from common import host_share, percentile
+from common import percentile, run_environment
 
 WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -59,20 +56,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tensors(state: dict, prefix: str = ""):
-    for key, value in state.items():
-        if hasattr(value, "dtype") and hasattr(value, "shape"):
-            yield prefix + str(key), value
-        elif isinstance(value, dict):
-            yield from _tensors(value, f"{prefix}{key}.")
-
-
 def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> None:
     import torch
     import torch.distributed as dist
 
     from flashsac_opt.config import FlashSACConfig
-    from flashsac_opt.data_parallel import collective_bytes_per_iteration
+    from flashsac_opt.data_parallel import collective_bytes_per_iteration, state_digest
     from flashsac_opt.learner import FlashSACLearner
     from flashsac_opt.oracle import synthetic_batch
     from flashsac_opt.replay import GPUReplay
@@ -118,15 +107,11 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
             iteration()
             times.append((time.perf_counter() - t0) * 1e3)
         finite = bool(torch.isfinite(learner.critic.params).all()) and bool(torch.isfinite(learner.actor.params).all())
-        # The whole learner state (networks, targets, Adam moments, BN and reward statistics,
-        # temperature) must be bit-identical on every rank after the timed iterations.
-        digest = hashlib.sha256()
-        for name, t in sorted(_tensors(learner.state_dict())):
-            digest.update(name.encode())
-            digest.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         row_bytes = replay.obs.element_size() * replay.layout.obs_width + replay.rest.element_size() * replay.layout.rest_width
         mine = {
-            "rank": rank, "ms": times, "state_sha256": digest.hexdigest(), "cold_start_s": cold, "finite": finite, "fused_update": learner.fused_update,
+            # state_sha256: the whole learner state (networks, targets, Adam moments, BN and
+            # reward statistics, temperature) must be bit-identical on every rank
+            "rank": rank, "ms": times, "state_sha256": state_digest(learner.state_dict()), "cold_start_s": cold, "finite": finite, "fused_update": learner.fused_update,
             "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
             "rows_sampled": u * bsz, "bytes_sampled": u * bsz * row_bytes,
             "collective_bytes": collective_bytes_per_iteration(learner, u, pf) if world > 1 else 0,
@@ -213,11 +198,8 @@ def environment(args) -> dict:
     import torch
 
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": args.device,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        **run_environment(args.device),
         "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "torch": torch.__version__, "python": platform.python_version(), **host_share(),
         "NCCL_NVLS_ENABLE": "0",
     }
 

@@ -19,15 +19,13 @@ Columns, each timed --repeat times after --warmup (median, p90, mean; ms):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from common import host_share, percentile, plot_only_or_require_cuda
+from common import percentile, plot_only_or_require_cuda, run_environment
 
 COLUMNS = ("cpu_sample", "h2d", "cpu_sample_h2d", "gpu_sample", "gpu_sample_graph")
 
@@ -173,10 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                      "mib_per_iteration": rows * width * 4 / 2**20, "batch_size": args.batch_size, "updates_per_step": args.updates_per_step},
         "warmup": args.warmup,
         "repeat": args.repeat,
-        "environment": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(), **host_share(),
-        },
+        "environment": run_environment("cuda"),
         "command": " ".join(["python", *sys.argv]),
         "capacities": [],
     }

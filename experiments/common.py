@@ -15,12 +15,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def run_environment(device: str) -> dict:
-    """Where and when a result was measured (stored in every experiment's JSON)."""
+def run_environment(device: str, packages: tuple[str, ...] = ()) -> dict:
+    """Where and when a result was measured (stored in every experiment's JSON), with the
+    installed versions of ``packages`` (None: not installed)."""
     import datetime
+    import importlib.metadata as md
     import platform
 
     import torch
+
+    def version(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
 
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -29,6 +37,7 @@ def run_environment(device: str) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         **host_share(),
+        **{name: version(name) for name in packages},
     }
 
 

@@ -145,17 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         on_iteration(it, learners)
 
     start = time.monotonic()
-    last = {"it": -1}
 
     def out_of_time(it: int) -> bool:
-        last["it"] = it
         return args.time_limit is not None and time.monotonic() - start > args.time_limit and it >= WARMUP
 
     curves = compare_modes(cfg, [args.mode], args.iterations, dims, args.device, args.seed, remember, batch_source, out_of_time)
-    iterations_run = last["it"] + 1
-    if iterations_run < args.iterations:  # the last iteration's finite check
-        if not all(finite_state(learner) for learner in learners_holder.values()):
-            nonfinite.append(last["it"])
+    iterations_run = len(curves[args.mode]["critic"])  # one point per iteration run
+    stopped_early = iterations_run < args.iterations
+    if stopped_early and not all(finite_state(learner) for learner in learners_holder.values()):
+        nonfinite.append(iterations_run - 1)  # the last iteration run is checked as a full run's last is
     tested = learners_holder[args.mode]
     graph = getattr(tested, "_graph", None)
     recompiles = counters["stats"].get("unique_graphs", 0) - baseline.get("graphs", 0)
@@ -179,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "iterations": args.iterations,
         "iterations_run": iterations_run,
-        "stopped_by_time_limit": iterations_run < args.iterations,
+        "stopped_by_time_limit": stopped_early,
         "time_limit_s": args.time_limit,
         "wall_s": time.monotonic() - start,
         "warmup_iterations": WARMUP,
