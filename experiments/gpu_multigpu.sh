@@ -7,11 +7,7 @@
 # Returned: benchmark_multigpu_xN.json/.png, gpu_test_multigpu.log, env.txt.
 # NVLink multicast stays off (the device notes: it can take the host's GPUs out of service).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD"
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 deadline=$((SECONDS + 570))
 WORKLOADS=("$@"); [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(W3 W4)
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvidia-smi topo -m

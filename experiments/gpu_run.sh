@@ -3,13 +3,7 @@
 # usage: bash experiments/gpu_run.sh STEP [STEP...]   (steps: env tests:LIMIT bench:LIMIT;ARGS)
 # e.g. next to another job: bash experiments/gpu_two_jobs.sh "gpu_side_by_side.sh pair W1 W3" "gpu_run.sh env tests:570"
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ "${FLASHSAC_WHEELS_INSTALLED:-0}" = 1 ] ||  # (gpu_two_jobs.sh installs them once for both jobs)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD"
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 for step in "$@"; do
   case "$step" in
     env)

@@ -19,11 +19,8 @@
 # UniLab compiles with TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock GEMM
 # autotuning did not finish a W3 compile in 415 s).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache" TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
-[ "${FLASHSAC_WHEELS_INSTALLED:-0}" = 1 ] ||  # (gpu_two_jobs.sh installs them once for both jobs)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD"
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+export TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
 B="python3 experiments/benchmark_learner.py"
 merge_reports() {  # OUT IN...: one JSON with every input's cells (the device returns <= 8 files)
   python3 - "$@" <<'PY'

@@ -5,10 +5,6 @@
 #   device: bash experiments/gpu_stability.sh [ITERATIONS]     (alone or via gpu_two_jobs.sh)
 # Returned: replay_stability.json/.png, replay_stability.log.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache"
-[ "${FLASHSAC_WHEELS_INSTALLED:-0}" = 1 ] ||  # (gpu_two_jobs.sh installs them once for both jobs)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD"
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 timeout 585 python3 experiments/validate_replay_stability.py --device cuda --mode graph --iterations "${1:-1000}" \
   --time-limit 500 --output "$OUT/replay_stability.json" --plot "$OUT/replay_stability.png" 2>&1 | tee "$OUT/replay_stability.log"

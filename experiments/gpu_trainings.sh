@@ -27,18 +27,16 @@ deadline=$((SECONDS + 585))
 # CPU_DRY_RUN=1: a tiny CPU rehearsal of this script on a machine with UniLab, MuJoCo etc.
 # already installed (16 envs, eager, CPU-admitting patch); not a measurement.
 DRY=${CPU_DRY_RUN:-0}
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor_cache" TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 if [ "$DRY" = 1 ]; then
+  export FLASHSAC_WHEELS_INSTALLED=1  # the machine's own UniLab: nothing to install
   DEPS=$(python3 -c "import unilab, pathlib; print(pathlib.Path(unilab.__file__).parents[1])")
   SIZE=(--num-envs 16 --batch-size 32); ITER=${2:-4}
   RUNS=("${RUNS[@]//:graph/:eager}")  # no CUDA: graph mode becomes eager
 else
-  DEPS=/tmp/deps; SIZE=(--num-envs "${ENVS:-256}" --batch-size "${BATCH:-256}")
-  [ "${FLASHSAC_WHEELS_INSTALLED:-0}" = 1 ] ||  # (gpu_two_jobs.sh installs them once for both jobs)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deps .whl/*.whl || exit 1
+  DEPS=/tmp/site; SIZE=(--num-envs "${ENVS:-256}" --batch-size "${BATCH:-256}")
 fi
-export PYTHONPATH="$DEPS:$PWD"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+export PYTHONPATH="$DEPS:$PWD" WANDB_MODE=disabled TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
 # (under a lock: two jobs of gpu_two_jobs.sh may both make the copies)
 LOCK=(); command -v flock > /dev/null && LOCK=(flock /tmp/.flashsac_unilab_copies.lock)
 DEPS=$DEPS DRY=$DRY "${LOCK[@]}" python3 - <<'PY' || exit 1

@@ -10,11 +10,7 @@
 # (the device returns at most 8 files).
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: $0 'SCRIPT ARGS' 'SCRIPT ARGS'   (scripts under experiments/)" >&2; exit 2; }
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-ln -sfn /tmp/site /tmp/deps  # gpu_trainings.sh reads its wheels from /tmp/deps
-export FLASHSAC_WHEELS_INSTALLED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"  # installs the wheels once for both jobs
 cores=$(nproc --all); half=$((cores / 2))
 gpus=$(nvidia-smi -L | wc -l)
 [ "$gpus" -ge 2 ] || { echo "needs 2 GPUs, found $gpus" >&2; exit 1; }
