@@ -241,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             # keep the summary to the second half of what it logged.
             last = max(len(rows_all) // 2, 1)
         rows = rows_all[-last:] if last > 0 else rows_all
+    # A run that neither reached its last iteration nor was stopped by --time-limit ended
+    # early (UniLab exits 0 after some learner-side failures): its JSON says so and the
+    # script fails, so that a crash is never summarized as a finished run.
+    last_iteration = rows_all[-1].get("iteration", len(rows_all))
+    completed = stopped or last_iteration >= args.iterations
     u, pf = args.updates_per_step, args.policy_frequency
     actor_updates = len(range(0, u, pf))
     result = {
@@ -268,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "time_limit_s": args.time_limit,
         "stopped_by_time_limit": stopped,
         "iterations_logged": len(rows_all),
+        "completed": completed,
         "unilab_exit_status": returncode,
         "timed": {
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
@@ -289,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(json.dumps(result, indent=1))
     lt = result["learner_train_ms"] or {}
     print(f"{args.learner}/{args.mode}: learner {lt.get('median', float('nan')):.2f} ms median over {len(rows)} iterations -> {args.output}")
+    if not completed:
+        print(
+            f"benchmark_flashsac_training: error: UniLab's training ended at iteration {last_iteration} of {args.iterations}"
+            f" without reaching --time-limit (exit status {returncode}); see its output above",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -10,7 +10,7 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _combo / _aggressive / _percast: graph mode with one setting changed
+  ours_graph_tuned / _no_combo / _aggressive / _percast: graph mode with one setting changed
     (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
@@ -55,16 +55,15 @@ WORKLOADS = {
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
     "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
-    "ours_graph_tuned", "ours_graph_combo", "ours_graph_aggressive", "ours_graph_percast",
+    "ours_graph_tuned", "ours_graph_no_combo", "ours_graph_aggressive", "ours_graph_percast",
 )
 # Graph mode with one setting changed: what each buys and costs in start-up.
 GRAPH_STUDIES = {
     # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
     "ours_graph_tuned": {"inductor_options": {"coordinate_descent_tuning": True}},
-    # horizontal fusion: independent small kernels (per-layer BN statistics, renormalization
-    # groups, Adam/Polyak pieces) share one launch; the iteration is a chain of ~500 small
-    # kernels at W1 (measured on the H200: 0.79x at W1, 0.93x at W3)
-    "ours_graph_combo": {"inductor_options": {"combo_kernels": True}},
+    # without horizontal fusion (combo_kernels, graph mode's default on CUDA since session 5;
+    # before, "ours_graph_combo" measured it: 0.79-0.89x at W1, 0.93-0.98x at W3)
+    "ours_graph_no_combo": {"inductor_options": {"combo_kernels": False}},
     # fuse nodes even without shared memory reads (fewer, larger kernels)
     "ours_graph_aggressive": {"inductor_options": {"aggressive_fusion": True}},
     # the GEMM weights cast to bf16 per matmul (as before cast_gemm_weights_once)
@@ -359,7 +358,7 @@ def plot(report: dict, path: Path) -> None:
     variants = [v for v in VARIANTS if v in present] + [v for v in present if v not in VARIANTS]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba", "ours_graph_aggressive": "#bcbddc", "ours_graph_percast": "#dadaeb"}
+    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba", "ours_graph_no_combo": "#6baed6", "ours_graph_aggressive": "#bcbddc", "ours_graph_percast": "#dadaeb"}
     for i, v in enumerate(variants):
         xs, ys, errs = [], [], []
         for j, w in enumerate(workloads):

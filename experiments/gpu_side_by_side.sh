@@ -11,7 +11,7 @@
 # on the Inductor cache those left; profiles come after each run's timing and are saved one
 # by one, so the call's time limit cuts profiles of the second workload first:
 #   bash experiments/gpu_side_by_side.sh pair W3 W4
-#   bash experiments/gpu_side_by_side.sh pair W1 W3   # the six variants + ours_graph_combo
+#   bash experiments/gpu_side_by_side.sh pair W1 W3   # the six variants + ours_graph_no_combo
 # or flashsac_opt's Inductor studies (graph mode with one option changed), same scheme:
 #   bash experiments/gpu_side_by_side.sh study W1 W3
 # Cold-start figures come from the prewarm processes (7 compiling at once on 16 cores:
@@ -77,21 +77,21 @@ case "${1:-}" in
     for w in $w1 $w2; do
       prewarm_cell pair_prewarm_a_$w --variants unilab_graph --workloads $w
       prewarm_cell pair_prewarm_b_$w --variants unilab_compile ours_compile --workloads $w
-      prewarm_cell pair_prewarm_c_$w --variants ours_graph ours_graph_combo --workloads $w
+      prewarm_cell pair_prewarm_c_$w --variants ours_graph ours_graph_no_combo --workloads $w
     done
     collect_prewarm "$OUT/prewarm_${w1}_$w2.json" "$OUT/prewarm.log" pair_prewarm_
     out="$OUT/side_by_side_${w1}_$w2.json"
-    timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $SIX ours_graph_combo --workloads $w1 --iters 30 \
+    timeout $(( (deadline - SECONDS) * 3 / 5 )) $B --variants $SIX ours_graph_no_combo --workloads $w1 --iters 30 \
       --note "$WARMED" --output "$out" 2>&1 | tee "$OUT/side_by_side_${w1}_$w2.log"
     # the second workload's most wanted cells first, so a time limit cuts the least
-    timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph ours_graph_combo unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 \
+    timeout $(( deadline - SECONDS )) $B --variants unilab_graph ours_graph ours_graph_no_combo unilab_compile ours_compile unilab_eager ours_eager --workloads $w2 --iters 30 \
       --note "$WARMED" --merge "$out" --output "$out" 2>&1 | tee -a "$OUT/side_by_side_${w1}_$w2.log" ;;
   study)
     shift
     [ $# -ge 1 ] || { echo "usage: $0 study W..." >&2; exit 2; }
     deadline=$((SECONDS + 585))
     gpu_env
-    studies="ours_graph ours_graph_percast ours_graph_combo ours_graph_aggressive ours_graph_tuned"
+    studies="ours_graph ours_graph_percast ours_graph_no_combo ours_graph_aggressive ours_graph_tuned"
     PREWARM_NOTE="prewarm: cold Inductor cache, one process per cell compiling at once (cold_start_s is an upper bound; ms figures are not timings)${FLASHSAC_RUN_NOTE:+; $FLASHSAC_RUN_NOTE}"
     for w in "$@"; do for v in $studies; do
       prewarm_cell study_prewarm_${v}_$w --variants $v --workloads $w

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,20 +50,31 @@ def events_curve(directory: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def summarize(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]], grid_points: int = 200) -> dict:
-    """Per group: a common time grid up to the shortest run, mean/min/max of the interpolated rewards."""
+    """Per group: a common time grid up to the longest run; each run's reward interpolated
+    inside its own time span (NaN outside); min/max over the runs present at each grid point
+    (``runs_present``), the mean where all of them are. Runs start at different times (a seed's start-up differs
+    by tens of seconds), so a grid cut at the shortest run or at the latest start would drop
+    most of a curve."""
     out = {}
     for label, curves in groups.items():
-        end = min(t[-1] for t, _ in curves)
+        end = max(t[-1] for t, _ in curves)
         grid = np.linspace(0.0, end, grid_points)
-        stacked = np.stack([np.interp(grid, t, r, left=np.nan) for t, r in curves])
+        stacked = np.stack([np.interp(grid, t, r, left=np.nan, right=np.nan) for t, r in curves])
+        present = np.isfinite(stacked).sum(axis=0)
+        with warnings.catch_warnings():  # grid points before any run's first reward: NaN, as intended
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, low, high = np.nanmean(stacked, axis=0), np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
+        mean[present < len(curves)] = np.nan  # a mean of whichever seeds happen to be running would zigzag
         out[label] = {
             "seeds": len(curves),
             "wall_time_s": [float(t[-1]) for t, _ in curves],
             "final_reward": [float(r[-1]) for _, r in curves],
             "grid_s": grid.tolist(),
-            "mean": np.nanmean(stacked, axis=0).tolist(),
-            "min": np.nanmin(stacked, axis=0).tolist(),
-            "max": np.nanmax(stacked, axis=0).tolist(),
+            "runs_present": present.tolist(),
+            "mean": mean.tolist(),
+            "min": low.tolist(),
+            "max": high.tolist(),
+            "runs": [{"t": t.tolist(), "reward": r.tolist()} for t, r in curves],
         }
     return out
 
@@ -78,10 +90,12 @@ def plot(summary: dict, path: Path, title: str) -> None:
         seeds = f"{g['seeds']} seed" + ("s" if g["seeds"] != 1 else "")
         line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({seeds}, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")[0]
         ax.fill_between(g["grid_s"], g["min"], g["max"], color=line.get_color(), alpha=0.2)
+        for run in g["runs"]:  # each seed, thin: where only one seed has data the band is that seed
+            ax.plot(run["t"], run["reward"], color=line.get_color(), linewidth=0.6, alpha=0.5)
     ax.set_xlim(left=0)  # from the launch: the start-up before the first reward is part of the story
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel(TAG)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

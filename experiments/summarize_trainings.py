@@ -1,7 +1,8 @@
 """The training matrix's summary table (issue 5) from benchmark_flashsac_training.py's JSON.
 
 One row per run: configuration (updates per step, batch, learner, mode, seed), how far it
-got, when its first learner iteration came (seconds from UniLab's launch: start-up and
+got (a run that ended before its last iteration without being stopped by its time limit
+is marked: it crashed), when its first learner iteration came (seconds from UniLab's launch: start-up and
 compile), learner / iteration / collector ms (median and p90 over the run's summarized
 tail) and reward, plus the learner-time ratio against stock UniLab's default (whole-cycle
 graph) run of the same updates, batch and seed when one is among the inputs. Writes JSON and
@@ -31,12 +32,15 @@ def summarize_run(path: Path) -> dict:
     rewards = [r["reward"] for r in rows_all if "reward" in r]
     tail_rewards = [r["reward"] for r in report["rows"] if "reward" in r]
     stat = lambda key, q: (report.get(key) or {}).get(q)  # noqa: E731
+    # (reports written before the "completed" field: derived the same way)
+    last_iteration = rows_all[-1].get("iteration", len(rows_all)) if rows_all else 0
+    completed = report.get("completed", report["stopped_by_time_limit"] or last_iteration >= cfg["iterations"])
     return {
         "file": path.name,
         "updates_per_step": cfg["updates_per_step"], "batch_size": cfg["batch_size"], "num_envs": cfg["num_envs"],
         "learner": report["learner"], "mode": report["mode"], "seed": cfg["seed"],
         "iterations_planned": cfg["iterations"], "iterations_logged": report["iterations_logged"],
-        "stopped_by_time_limit": report["stopped_by_time_limit"],
+        "stopped_by_time_limit": report["stopped_by_time_limit"], "completed": completed,
         "first_learner_iteration_s": min((r["wall_s"] for r in rows_all if "wall_s" in r), default=None),
         "summarized_iterations": len(report["rows"]),
         "learner_ms_median": stat("learner_train_ms", "median"), "learner_ms_p90": stat("learner_train_ms", "p90"),
@@ -65,6 +69,7 @@ def markdown(runs: list[dict]) -> str:
     ]
     for r in runs:
         its = f"{r['iterations_logged']}" + (" (time limit)" if r["stopped_by_time_limit"] else "")
+        its += "" if r["completed"] else " (ended early: crashed)"
         lines.append(
             f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} | {its} "
             f"| {fmt(r['first_learner_iteration_s'], '.0f')} | {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "

@@ -68,6 +68,29 @@ def persistent_state(learner: "FlashSACLearner") -> list[torch.Tensor]:
     return tensors
 
 
+def inductor_options(cfg, device: torch.device) -> dict[str, Any]:
+    """Inductor options of the compiled modes: flashsac_opt's defaults, then ``cfg.inductor_options``."""
+    cuda = device.type == "cuda"
+    mode = cfg.learner_mode
+    options = {
+        # Inductor's CUDA graphs in compile mode only: graph mode captures the whole
+        # iteration itself, and a capture cannot contain another.
+        "triton.cudagraphs": mode == "compile" and cuda,
+        # Pad GEMM operands whose rows are not 16-byte aligned (101 atoms, 29 actions,
+        # 130-wide critic input) instead of letting cuBLAS fall back to align-1 kernels.
+        "force_shape_pad": cuda,
+        # Horizontal fusion of independent small kernels (per-layer BN statistics,
+        # renormalization groups, Adam/Polyak pieces) in graph mode, where an iteration
+        # is a chain of hundreds of small kernels: 0.89x (B256 x 2) and 0.98x (B2048 x 8)
+        # of graph mode's time, 0.71x / 0.72x of its kernels, side by side on the H200
+        # (results/benchmark_learner_side_by_side_W1_W3.json; numerics GPU-tested). It costs
+        # ~25% more peak memory there; inductor_options={"combo_kernels": False} opts out.
+        "combo_kernels": cuda and mode == "graph",
+    }
+    options.update(cfg.inductor_options or {})
+    return options
+
+
 def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[..., Any]]:
     names = FUSED_FUNCTIONS if learner.fused_update else SPLIT_FUNCTIONS
     functions = {name: getattr(learner, f"_{name}") for name in names}
@@ -76,16 +99,7 @@ def build_update_functions(learner: "FlashSACLearner") -> dict[str, Callable[...
         return functions
     backend = learner.cfg.compile_backend
     mark_static(*persistent_state(learner))
-    options = None
-    if backend == "inductor":
-        cuda = learner.device.type == "cuda"
-        options = {
-            "triton.cudagraphs": mode == "compile" and cuda,
-            # Pad GEMM operands whose rows are not 16-byte aligned (101 atoms, 29 actions,
-            # 130-wide critic input) instead of letting cuBLAS fall back to align-1 kernels.
-            "force_shape_pad": cuda,
-        }
-        options.update(learner.cfg.inductor_options or {})
+    options = inductor_options(learner.cfg, learner.device) if backend == "inductor" else None
     return {
         name: torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
         for name, fn in functions.items()

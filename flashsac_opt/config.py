@@ -63,11 +63,10 @@ class FlashSACConfig:
     learner_mode: str = "eager"
     # torch.compile backend for the compiled modes ("inductor"; "aot_eager" for debugging)
     compile_backend: str = "inductor"
-    # Extra Inductor options for the compiled modes. {"combo_kernels": True} (horizontal
-    # fusion of independent small kernels) measured 0.79x (B256 x 2) and 0.93x (B2048 x 8) of
-    # graph mode's iteration time on the H200 (results/benchmark_learner_study_W1_W3.json);
-    # it becomes the default once the GPU equivalence tests have run with it.
-    # {"coordinate_descent_tuning": True} tunes launch configs for minutes of compile (0.96x).
+    # Extra Inductor options for the compiled modes, over flashsac_opt's defaults
+    # (compile.build_update_functions; graph mode on CUDA turns on combo_kernels).
+    # {"coordinate_descent_tuning": True} tunes launch configs for minutes of compile (0.96x);
+    # {"aggressive_fusion": True} measured 0.97-1.02x (results/benchmark_learner_study_W1_W3.json).
     inductor_options: dict | None = None
     # File of torch.compile's portable cache artifacts ("mega-cache"): loaded at construction
     # when it exists, written after the first compiled iteration when it does not. A fresh

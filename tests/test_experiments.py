@@ -42,11 +42,11 @@ def test_benchmark_ratios_compare_modes_within_one_workload():
     cells = [
         cell("unilab_graph", "W1", 2.0, 800), cell("unilab_compile", "W1", 10.0, 800),
         cell("ours_graph", "W1", 1.0, 300), cell("ours_compile", "W1", 4.0, 300),
-        cell("ours_graph", "W3", 5.0, 900), cell("ours_graph_combo", "W3", 4.0, 450),  # no UniLab cell at W3
+        cell("ours_graph", "W3", 5.0, 900), cell("ours_graph_no_combo", "W3", 4.0, 450),  # no UniLab cell at W3
         {"variant": "unilab_graph", "workload": "W4", "error": "OOM"}, cell("ours_graph", "W4", 9.0, 900),
     ]
     row, study = ratios(cells)
-    assert study == {"workload": "W3", "ours_graph_combo_vs_ours_graph": 0.8, "ours_graph_combo_kernels_vs_ours_graph": 0.5}
+    assert study == {"workload": "W3", "ours_graph_no_combo_vs_ours_graph": 0.8, "ours_graph_no_combo_kernels_vs_ours_graph": 0.5}
     assert row == {
         "workload": "W1",
         "ours_graph_vs_unilab_graph": 0.5,
@@ -279,12 +279,17 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     done = run("summarize_trainings.py", *map(str, runs), "--output", str(out), "--markdown", str(md))
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())["runs"]
-    by = {(r["updates_per_step"], r["learner"]): r for r in summary}
+    by = {(r["updates_per_step"], r["learner"], r["mode"], r["seed"]): r for r in summary}
+    assert len(by) == len(runs)  # one row per run
     for u in (2, 8):
-        stock, ours = by[(u, "unilab")], by[(u, "flashsac_opt")]
+        stock, ours = by[(u, "unilab", "graph", 1)], by[(u, "flashsac_opt", "graph", 1)]
         assert stock["learner_ms_vs_unilab_default"] == 1.0
         assert ours["learner_ms_vs_unilab_default"] == ours["learner_ms_median"] / stock["learner_ms_median"]
         assert ours["first_learner_iteration_s"] == min(r["wall_s"] for r in json.loads((REPO / "results" / "trainings" / ours["file"]).read_text())["rows_all"])
     assert md.read_text().count("\n") == 2 + len(runs)
+    # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0)
+    crashed = by[(8, "flashsac_opt", "compile", 1)]
+    assert not crashed["completed"] and not crashed["stopped_by_time_limit"] and "ended early" in md.read_text()
+    assert all(r["completed"] for r in summary if r is not crashed)
     bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr

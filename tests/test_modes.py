@@ -197,6 +197,20 @@ def test_graph_mode_needs_cuda():
         make("graph")
 
 
+def test_inductor_options_turn_horizontal_fusion_on_for_graph_mode_on_cuda_only():
+    from flashsac_opt.compile import inductor_options
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    graph, compiled = FlashSACConfig(learner_mode="graph"), FlashSACConfig(learner_mode="compile")
+    assert inductor_options(graph, cuda)["combo_kernels"] is True
+    assert inductor_options(graph, cuda)["triton.cudagraphs"] is False  # no capture inside the capture
+    assert inductor_options(compiled, cuda) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False}
+    assert not any(inductor_options(compiled, cpu).values())
+    # the user's options win over the defaults, and add to them
+    mine = graph.replace(inductor_options={"combo_kernels": False, "aggressive_fusion": True})
+    assert inductor_options(mine, cuda) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False, "aggressive_fusion": True}
+
+
 # ------------------------------------------------------------------ GPU
 def _drift_against_eager(mode: str, amp: bool, updates_per_step: int, iterations: int = 50, **mode_overrides):
     """Relative drift of `mode` from eager, next to the drift of eager from itself.
@@ -232,9 +246,10 @@ def test_gpu_mode_tracks_eager_within_rounding_drift(mode, amp):
 
 
 @pytest.mark.gpu
-def test_gpu_graph_mode_with_combo_kernels_tracks_eager():
-    """Inductor's horizontal fusion (measured faster on the H200) must not change the maths."""
-    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, inductor_options={"combo_kernels": True}), True)
+def test_gpu_graph_mode_without_combo_kernels_tracks_eager():
+    """graph mode's default on CUDA has Inductor's horizontal fusion (combo_kernels); the
+    mode-vs-eager test above covers it. The opt-out must not change the maths either."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, inductor_options={"combo_kernels": False}), True)
 
 
 def _assert_tracks_eager(drift: dict, amp: bool) -> None:
