@@ -2,10 +2,16 @@
 
 Two processes, one GPU each. (1) A captured all-reduce on its own: a graph holding
 cat -> all_reduce -> /2 -> copy, replayed on new inputs; the ranks' outputs compared after
-every replay. (2) The data-parallel learner in eager and graph mode: after every iteration
-the ranks' parameters are gathered (outside any graph) and compared; prints the first
-iteration and tensor that differ, and by how much.
-    python experiments/diagnose_nccl_graph.py [--iterations 6] > diagnose.json
+every replay. (2) The data-parallel learner in each of --modes: after every iteration the
+ranks' state is gathered (outside any graph) and compared: which tensors differ, by how
+much. "trace" compares every optimizer step's inputs and parameters (compile mode), and
+--two-devices runs the same learner on cuda:0 and cuda:1 in one process, without
+torch.distributed. On the H200 (session 5) the captured all-reduce and eager mode were
+bit-identical across ranks; compile and graph mode differed by ~1 ulp in the parameters
+(Adam moments, BN statistics and temperature identical), with Inductor's deterministic
+mode as well (results/device/diagnose_nccl_*_2026-11-29_s5.json).
+    python experiments/diagnose_nccl_graph.py --modes trace graph --two-devices --output diagnose.json
+    (without CUDA: a 2-process gloo rehearsal of eager mode)
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from flashsac_opt.oracle import synthetic_batch  # noqa: E402
 
 DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
 DEVICE = torch.device("cpu")  # set per rank
+CONFIG_OVERRIDES: dict = {}  # --no-amp, --inductor-option
 SMALL = dict(batch_size=16, updates_per_step=4, policy_frequency=2, actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21)
 
 
@@ -75,9 +82,13 @@ def captured_all_reduce(device, replays: int) -> dict:
     return {"max_rank_difference": worst, "max_difference_from_eager_all_reduce": wrong}
 
 
+def config(mode: str) -> FlashSACConfig:
+    return FlashSACConfig(**SMALL, learner_mode=mode, **CONFIG_OVERRIDES)
+
+
 def learner_run(device, mode: str, iterations: int) -> dict:
     torch.manual_seed(100 + dist.get_rank())
-    learner = FlashSACLearner(FlashSACConfig(**SMALL, learner_mode=mode), process_group=True, device=device, **DIMS)
+    learner = FlashSACLearner(config(mode), process_group=True, device=device, **DIMS)
     rows = SMALL["batch_size"] * SMALL["updates_per_step"]
     g = torch.Generator().manual_seed(1 + dist.get_rank())
     per_iteration = []
@@ -91,8 +102,62 @@ def learner_run(device, mode: str, iterations: int) -> dict:
     return {"differing_tensors_per_iteration": per_iteration}
 
 
-def worker(rank: int, port: int, iterations: int, path: str, modes: tuple[str, ...]) -> None:
+def apply_trace(device, iterations: int) -> list[dict]:
+    """compile mode, every optimizer step between the ranks' average and the parameters:
+    the ranks' largest difference in the step's inputs, in the parameters before it and after."""
+    torch.manual_seed(100 + dist.get_rank())
+    learner = FlashSACLearner(config("compile"), process_group=True, device=device, **DIMS)
+    events: list[dict] = []
+    for name, net in (("critic_apply", learner.critic), ("actor_apply", learner.actor)):
+        step = learner._fn[name]
+
+        def traced(*args, _step=step, _name=name, _param=net.params):
+            inputs = rank_difference({f"input{i}": a for i, a in enumerate(args) if isinstance(a, torch.Tensor)})
+            before = rank_difference({"param": _param})["param"]
+            out = _step(*args)
+            events.append({"step": _name, "inputs": max(inputs.values()), "param_before": before,
+                           "param_after": rank_difference({"param": _param})["param"]})
+            return out
+
+        learner._fn[name] = traced
+    rows = SMALL["batch_size"] * SMALL["updates_per_step"]
+    g = torch.Generator().manual_seed(1 + dist.get_rank())
+    for it in range(iterations):
+        b = {k: v.to(device) for k, v in synthetic_batch(rows, generator=g, **DIMS).items()}
+        torch.manual_seed(7 + it)
+        learner.update(b)
+    return events
+
+
+def two_devices_one_process(iterations: int) -> dict:
+    """No torch.distributed: the same learner state and batches on cuda:0 and cuda:1 in one
+    process, compile mode. Differences here come from the per-device compiled code."""
+    learners = []
+    for index in range(2):
+        device = torch.device("cuda", index)
+        with torch.cuda.device(device):
+            learners.append(FlashSACLearner(config("compile"), device=device, **DIMS))
+    learners[1].load_state_dict(learners[0].state_dict())
+    rows = SMALL["batch_size"] * SMALL["updates_per_step"]
+    g = torch.Generator().manual_seed(1)
+    per_iteration = []
+    for it in range(iterations):
+        batch = synthetic_batch(rows, generator=g, **DIMS)
+        for learner in learners:
+            with torch.cuda.device(learner.device):
+                torch.manual_seed(7 + it)
+                learner.update({k: v.to(learner.device) for k, v in batch.items()})
+        s0, s1 = (dict(named_tensors(x.state_dict())) for x in learners)
+        per_iteration.append({k: float((v.float() - s1[k].float().to(v.device)).abs().max()) for k, v in s0.items()
+                              if v.numel() and not torch.equal(v, s1[k].to(v.device))})
+    return {"differing_tensors_per_iteration": per_iteration}
+
+
+def worker(rank: int, port: int, iterations: int, path: str, modes: tuple[str, ...], overrides: dict, cache_per_rank: bool) -> None:
     global DEVICE
+    CONFIG_OVERRIDES.update(overrides)
+    if cache_per_rank:  # each rank compiles and autotunes on its own (no shared Inductor cache)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/inductor_cache_rank{rank}_{os.getpid()}"
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
     cuda = torch.cuda.is_available()  # without CUDA: a gloo rehearsal of the eager part
     DEVICE = device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -103,8 +168,14 @@ def worker(rank: int, port: int, iterations: int, path: str, modes: tuple[str, .
         report = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
         if cuda:
             report["captured_all_reduce"] = captured_all_reduce(device, 20)
-        for mode in modes if cuda else ("eager",):
-            report[mode] = learner_run(device, mode, iterations)
+        if not cuda:  # rehearsal: eager, and the trace through aot_eager (Inductor on CPU is slow)
+            modes = tuple(m for m in modes if m in ("eager", "trace")) or ("eager",)
+            CONFIG_OVERRIDES.setdefault("compile_backend", "aot_eager")
+        for mode in modes:
+            if mode == "trace":
+                report["compile_apply_trace"] = apply_trace(device, iterations)
+            else:
+                report[mode] = learner_run(device, mode, iterations)
         if rank == 0:
             Path(path).write_text(json.dumps(report, indent=1))
     finally:
@@ -115,10 +186,25 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--output", default="diagnose_nccl_graph.json")
-    parser.add_argument("--modes", nargs="+", default=["eager", "graph"], choices=["eager", "compile", "graph"])
+    parser.add_argument("--modes", nargs="+", default=["eager", "graph"], choices=["eager", "compile", "graph", "trace"],
+                        help="trace: compile mode with every optimizer step's inputs and parameters compared")
+    parser.add_argument("--no-amp", action="store_true", help="fp32 throughout (default: bf16 autocast on CUDA)")
+    parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. combo_kernels=False")
+    parser.add_argument("--cache-per-rank", action="store_true", help="a fresh Inductor cache per rank")
+    parser.add_argument("--two-devices", action="store_true", help="also: one process, cuda:0 vs cuda:1, no torch.distributed")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(worker, args=(port, args.iterations, args.output, tuple(args.modes)), nprocs=2, start_method="spawn")
-    print(Path(args.output).read_text())
+    overrides: dict = {"use_amp": False} if args.no_amp else {}
+    if args.inductor_option:
+        overrides["inductor_options"] = {k: {"True": True, "False": False}.get(v, v) for k, v in (o.split("=", 1) for o in args.inductor_option)}
+    mp.start_processes(worker, args=(port, args.iterations, args.output, tuple(args.modes), overrides, args.cache_per_rank),
+                       nprocs=2, start_method="spawn")
+    report = json.loads(Path(args.output).read_text())
+    report["options"] = {"no_amp": args.no_amp, "inductor_options": overrides.get("inductor_options"), "cache_per_rank": args.cache_per_rank}
+    if args.two_devices and torch.cuda.device_count() >= 2:
+        CONFIG_OVERRIDES.update(overrides)
+        report["two_devices_one_process"] = two_devices_one_process(args.iterations)
+    Path(args.output).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))

@@ -36,7 +36,7 @@ else
   DEPS=/tmp/site; SIZE=(--num-envs "${ENVS:-256}" --batch-size "${BATCH:-256}")
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
-export PYTHONPATH="$DEPS:$PWD" WANDB_MODE=disabled TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN
+export PYTHONPATH="$DEPS:$PWD" WANDB_MODE=disabled TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN HYDRA_FULL_ERROR=1
 # (under a lock: two jobs of gpu_two_jobs.sh may both make the copies)
 LOCK=(); command -v flock > /dev/null && LOCK=(flock /tmp/.flashsac_unilab_copies.lock)
 DEPS=$DEPS DRY=$DRY "${LOCK[@]}" python3 - <<'PY' || exit 1
@@ -95,7 +95,9 @@ for i in "${!RUNS[@]}"; do
     --learning-starts 8 --replay-buffer-n 32 --save-interval $(( ITER < 100 ? ITER : 100 )) \
     --time-limit $share --log-root "$logs" --output "$OUT/$name.json" > "/tmp/$name.log" 2>&1
   rc=$?
-  { echo "== $name: rc=$rc, limit ${share}s, done at ${SECONDS}s"; grep -v "^[│╭╰├┃]" "/tmp/$name.log" | tail -n 6; } | tee -a "$OUT/trainings.log"
+  # a failed run keeps its whole traceback (HYDRA_FULL_ERROR below), a good one its last lines
+  keep=6; [ $rc -ne 0 ] && keep=150
+  { echo "== $name: rc=$rc, limit ${share}s, done at ${SECONDS}s"; grep -v "^[│╭╰├┃]" "/tmp/$name.log" | tail -n $keep; } | tee -a "$OUT/trainings.log"
   [ "$learner" = flashsac_opt ] && { LAST_OURS="$logs"; LAST_TAG="$TAG"; }
 done
 # Stock UniLab's eval on the last flashsac_opt run's checkpoint (a few steps; the video is best effort).
