@@ -2,6 +2,7 @@
 # Two single-GPU device jobs side by side on a 2-GPU machine (nvidia-h200-x2), one call:
 #   bash experiments/gpu_two_jobs.sh "gpu_side_by_side.sh pair W4 W2" "gpu_side_by_side.sh study W1 W3"
 #   bash experiments/gpu_two_jobs.sh "gpu_trainings.sh U2" "gpu_trainings.sh U8"
+#   bash experiments/gpu_two_jobs.sh "BATCH=2048 gpu_trainings.sh U8 1000 unilab:graph" "BATCH=2048 gpu_trainings.sh U8 1000 flashsac_opt:graph"
 # Job i (0, 1) sees only GPU i (CUDA_VISIBLE_DEVICES) and is pinned to half of the cores
 # (taskset), so each has what a one-GPU, 16-core nvidia-h200 gives: ratios inside a job stay
 # side by side in one process or one job; the JSON says so (environment.run_note,
@@ -18,10 +19,13 @@ jobs=("$1" "$2")
 for i in 0 1; do
   mkdir -p "$OUT/job$i"
   read -r -a cmd <<< "${jobs[$i]}"
+  vars=()  # leading NAME=VALUE words are the job's environment, e.g. "BATCH=2048 gpu_trainings.sh U8"
+  while [ ${#cmd[@]} -gt 0 ] && [[ ${cmd[0]} =~ ^[A-Z_][A-Z0-9_]*=.*$ ]]; do vars+=("${cmd[0]}"); cmd=("${cmd[@]:1}"); done
+  [ ${#cmd[@]} -gt 0 ] && [ -f "experiments/${cmd[0]}" ] || { echo "job $i: no script under experiments/ in '${jobs[$i]}'" >&2; exit 2; }
   first=$((i * half)); last=$(((i + 1) * half - 1))
   note="job $i of 2 run side by side on a $gpus-GPU host: GPU $i only, cores $first-$last of $cores; the other job: ${jobs[$((1 - i))]}"
   CUDA_VISIBLE_DEVICES=$i OUT="$OUT/job$i" FLASHSAC_RUN_NOTE="$note" \
-    taskset -c "$first-$last" bash "experiments/${cmd[0]}" "${cmd[@]:1}" > "$OUT/job$i/job.log" 2>&1 &
+    taskset -c "$first-$last" env "${vars[@]}" bash "experiments/${cmd[0]}" "${cmd[@]:1}" > "$OUT/job$i/job.log" 2>&1 &
 done
 wait
 for i in 0 1; do

@@ -233,6 +233,22 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo rehearsal is what CPU machines run")
+def test_data_parallel_diagnosis_gloo_rehearsal_finds_no_difference(tmp_path):
+    """diagnose_nccl_graph.py without CUDA: 2 gloo ranks, eager and the per-step trace (aot_eager):
+    every step's inputs and parameters agree across ranks, and the JSON records what it ran."""
+    out = tmp_path / "diag.json"
+    done = run("diagnose_nccl_graph.py", "--iterations", "2", "--modes", "eager", "trace", "--output", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["eager"]["differing_tensors_per_iteration"] == [{}, {}]
+    trace = report["compile_apply_trace"]
+    # 2 iterations x (4 critic + 2 actor steps) at 4 updates per step, policy frequency 2
+    assert [e["step"] for e in trace].count("critic_apply") == 8 and [e["step"] for e in trace].count("actor_apply") == 4
+    assert all(e["inputs"] == e["param_before"] == e["param_after"] == 0.0 for e in trace)
+    assert report["options"] == {"no_amp": False, "inductor_options": None, "cache_per_rank": False}
+
+
 def test_multigpu_collective_cost_is_measured_against_the_same_code_path():
     """Efficiency against the best single GPU; the collective's cost against one GPU on the
     data-parallel (unfused) path, so fusing is not booked as communication."""
