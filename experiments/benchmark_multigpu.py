@@ -220,8 +220,12 @@ def plot(report: dict, path: Path) -> None:
         bars = ax.bar(xs, [c["ms_median"] for c in rows],
                       color=["#9ecae1" if c.get("baseline_of_collectives") else "#08519c" for c in rows],
                       yerr=[[0] * len(rows), [c["ms_p90"] - c["ms_median"] for c in rows]], capsize=3)
-        ax.bar_label(bars, labels=[f"{c['ms_median']:.2f} ms\n" + ("no all-reduce" if c.get("baseline_of_collectives")
-                                   else f"{c.get('scaling_efficiency', 1.0):.0%}") for c in rows], fontsize=8)
+        def label(c: dict) -> str:
+            text = f"{c['ms_median']:.2f} ms\n" + ("no all-reduce" if c.get("baseline_of_collectives") else f"{c.get('scaling_efficiency', 1.0):.0%}")
+            return text + ("\nranks not bit-identical" if c["world_size"] > 1 and c.get("ranks_bit_identical") is False else "")
+
+        ax.bar_label(bars, labels=[label(c) for c in rows], fontsize=8)
+        ax.set_ylim(top=1.25 * max(c["ms_p90"] for c in rows))  # room for the labels under the title
         ax.set_xlabel("GPUs (ranks)")
         ax.set_ylabel("ms per iteration (median; whisker p90)")
         ax.set_title(f"{wname}: B{rows[0]['batch_size']} x {rows[0]['updates_per_step']} per rank (label: efficiency)")

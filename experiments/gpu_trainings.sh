@@ -96,7 +96,7 @@ for i in "${!RUNS[@]}"; do
     --time-limit $share --log-root "$logs" --output "$OUT/$name.json" > "/tmp/$name.log" 2>&1
   rc=$?
   # a failed run keeps its whole traceback (HYDRA_FULL_ERROR below), a good one its last lines
-  keep=6; [ $rc -ne 0 ] && keep=150
+  keep=6; [ $rc -ne 0 ] && { keep=150; cp "/tmp/$name.log" "$OUT/$name.full.log"; }  # (gpu_two_jobs.sh packs *.log)
   { echo "== $name: rc=$rc, limit ${share}s, done at ${SECONDS}s"; grep -v "^[│╭╰├┃]" "/tmp/$name.log" | tail -n $keep; } | tee -a "$OUT/trainings.log"
   [ "$learner" = flashsac_opt ] && { LAST_OURS="$logs"; LAST_TAG="$TAG"; }
 done
