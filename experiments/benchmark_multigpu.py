@@ -29,7 +29,6 @@ import argparse
 import faulthandler
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -50,13 +49,7 @@ DIM_KEYS = ("obs_dim", "critic_obs_dim", "action_dim")
 TEARDOWN_GRACE_S = 30.0  # how long ranks that wrote their results may take to exit
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> None:
+def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -66,7 +59,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
     from flashsac_opt.oracle import synthetic_batch
     from flashsac_opt.replay import GPUReplay
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    os.environ.update(NCCL_NVLS_ENABLE="0")
     # Should the cell hang, every thread's Python stack goes to stderr before the parent kills it.
     faulthandler.dump_traceback_later(spec["stack_dump_after"], exit=False)
     cuda = spec["device"] == "cuda"
@@ -74,14 +67,15 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if world > 1:  # one rank needs no process group (and gloo's 1-rank teardown can abort)
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+        # rendezvous through a file of the cell's temporary directory: no TCP port to race for
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 device_id=device if cuda else None)
     try:
         w = dict(spec["workload"])
         dims = {k: w.pop(k) for k in DIM_KEYS}
         fused = None if spec["fused"] else False  # None: the learner's own choice
         cfg = FlashSACConfig(**w, learner_mode=spec["mode"], use_amp=cuda, amp_dtype="bf16", gamma=0.97, tau=0.05,
-                             fused_update=fused)
+                             fused_update=fused, dp_broadcast_params=spec["broadcast_params"])
         torch.manual_seed(rank)
         start = time.perf_counter()
         learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 else None, **dims)
@@ -134,10 +128,11 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
     import torch.multiprocessing as mp
 
     spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
-            "iters": args.iters, "warmup": args.warmup, "fused": fused, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
+            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": args.broadcast_params, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
-        ctx = mp.start_processes(_worker, args=(world, _free_port(), spec, path), nprocs=world, start_method="spawn", join=False)
+        store = os.path.join(tmp, "rendezvous")
+        ctx = mp.start_processes(_worker, args=(world, store, spec, path), nprocs=world, start_method="spawn", join=False)
         deadline = time.monotonic() + args.cell_timeout
         teardown_hung = False
         while not ctx.join(timeout=5):  # raises if a rank failed
@@ -246,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-rows", type=int, default=2048, help="rows one collector writes per iteration (sample:new ratio)")
     parser.add_argument("--no-unfused-baseline", dest="unfused_baseline", action="store_false",
                         help="skip the 1-GPU cell on the data-parallel (unfused) code path")
+    parser.add_argument("--broadcast-params", action="store_true",
+                        help="dp_broadcast_params: rank 0's parameters broadcast once per iteration (bit-identical ranks by construction)")
     parser.add_argument("--cell-timeout", type=float, default=300.0, help="seconds one world size may take (compile included)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
@@ -277,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "timed": "per rank, host clock around update_from_replay (sampling inside the iteration) + metrics read + stream sync; ranks start together after a barrier",
         "scaling": "weak: the per-rank batch is fixed, so the global batch grows with the world size",
         "mode": args.mode, "capacity_per_rank": args.capacity, "new_rows_per_iteration": args.new_rows,
+        "dp_broadcast_params": args.broadcast_params,
         "world_sizes_skipped": {str(n): "more ranks than visible GPUs" for n in skipped},
         "environment": environment(args), "command": " ".join(["python", *sys.argv]), "cells": [],
     }

@@ -85,6 +85,14 @@ class FlashSACConfig:
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
     # values; False exists to measure the difference (benchmark variant ours_graph_percast).
     cast_gemm_weights_once: bool = True
+    # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
+    # parameters are broadcast to every rank in one bucket (inside the captured iteration in
+    # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
+    # bit-identical, but on the H200 compile/graph mode left the parameters ~1 ulp apart
+    # (FLASH_SAC_OPTIMIZATION.md, "Data parallel"); this makes every iteration end with
+    # bit-identical ranks at the price of one more collective (~ the size of two critic
+    # gradients and an actor gradient per iteration).
+    dp_broadcast_params: bool = False
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:

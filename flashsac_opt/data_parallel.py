@@ -20,6 +20,11 @@ collectives in Inductor). In ``graph`` mode the all-reduce is captured with the 
 iteration (NCCL collectives are capturable), so an iteration is still one graph launch.
 
 gloo (CPU) has no AVG reduction: the bucket is summed and divided by the world size.
+
+``dp_broadcast_params`` (config, off by default) adds one broadcast of rank 0's parameters
+at the end of each iteration: a guarantee of bit-identical ranks that does not depend on
+every rank's compiled optimizer step producing the same bits (on the H200 Inductor's did
+not, by ~1 ulp: FLASH_SAC_OPTIMIZATION.md, "Data parallel").
 """
 
 from __future__ import annotations
@@ -57,6 +62,16 @@ class RankAverager:
         for t in tensors:
             dist.broadcast(t, src=src, group=self.group)
 
+    @torch.no_grad()
+    def broadcast_bucket_(self, tensors: list[torch.Tensor], src: int = 0) -> None:
+        """Overwrite ``tensors`` (same dtype) in place with rank ``src``'s values, in one broadcast."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.broadcast(flat, src=src, group=self.group)
+        start = 0
+        for t in tensors:
+            t.copy_(flat[start : start + t.numel()].view_as(t))
+            start += t.numel()
+
     def gather_envs(self, x: torch.Tensor) -> torch.Tensor:
         """All ranks' ``x`` concatenated along the last (environment) dimension, in rank order."""
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
@@ -69,7 +84,10 @@ def collective_bytes_per_iteration(learner, updates_per_step: int, policy_freque
     critic = learner.critic.layout.numel + 1 + 2 * learner.critic.stats_layout.numel
     actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
     actor_updates = len(range(0, updates_per_step, policy_frequency))
-    return 4 * (updates_per_step * critic + actor_updates * actor)
+    broadcast = 0
+    if learner.cfg.dp_broadcast_params:  # actor, critic and target parameters, once per iteration
+        broadcast = learner.actor.layout.numel + 2 * learner.critic.layout.numel
+    return 4 * (updates_per_step * critic + actor_updates * actor + broadcast)
 
 
 def named_tensors(state: dict, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
