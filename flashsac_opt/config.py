@@ -64,7 +64,7 @@ class FlashSACConfig:
     # torch.compile backend for the compiled modes ("inductor"; "aot_eager" for debugging)
     compile_backend: str = "inductor"
     # Extra Inductor options for the compiled modes, over flashsac_opt's defaults
-    # (compile.build_update_functions; graph mode on CUDA turns on combo_kernels).
+    # (compile.inductor_options: graph mode on CUDA turns on combo_kernels).
     # {"coordinate_descent_tuning": True} tunes launch configs for minutes of compile (0.96x);
     # {"aggressive_fusion": True} measured 0.97-1.02x (results/benchmark_learner_study_W1_W3.json).
     inductor_options: dict | None = None
