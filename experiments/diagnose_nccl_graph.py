@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -86,18 +86,32 @@ def config(mode: str) -> FlashSACConfig:
     return FlashSACConfig(**SMALL, learner_mode=mode, **CONFIG_OVERRIDES)
 
 
-def learner_run(device, mode: str, iterations: int) -> dict:
-    torch.manual_seed(100 + dist.get_rank())
-    learner = FlashSACLearner(config(mode), process_group=True, device=device, **DIMS)
+def rank_learner(device, mode: str) -> FlashSACLearner:
+    torch.manual_seed(100 + dist.get_rank())  # different seeds: the learner must still start equal
+    return FlashSACLearner(config(mode), process_group=True, device=device, **DIMS)
+
+
+def train(learner: FlashSACLearner, device, iterations: int, after_iteration=None) -> None:
+    """Each rank its own batches (rank-local replay), the same noise seeds on every rank."""
     rows = SMALL["batch_size"] * SMALL["updates_per_step"]
     g = torch.Generator().manual_seed(1 + dist.get_rank())
-    per_iteration = []
     for it in range(iterations):
         b = {k: v.to(device) for k, v in synthetic_batch(rows, generator=g, **DIMS).items()}
         torch.manual_seed(7 + it)
         learner.update(b)
+        if after_iteration is not None:
+            after_iteration()
+
+
+def learner_run(device, mode: str, iterations: int) -> dict:
+    learner = rank_learner(device, mode)
+    per_iteration = []
+
+    def compare() -> None:
         diff = rank_difference(dict(named_tensors(learner.state_dict())))
         per_iteration.append({k: v for k, v in diff.items() if v != 0.0})
+
+    train(learner, device, iterations, compare)
     learner.release_graphs()
     return {"differing_tensors_per_iteration": per_iteration}
 
@@ -105,8 +119,7 @@ def learner_run(device, mode: str, iterations: int) -> dict:
 def apply_trace(device, iterations: int) -> list[dict]:
     """compile mode, every optimizer step between the ranks' average and the parameters:
     the ranks' largest difference in the step's inputs, in the parameters before it and after."""
-    torch.manual_seed(100 + dist.get_rank())
-    learner = FlashSACLearner(config("compile"), process_group=True, device=device, **DIMS)
+    learner = rank_learner(device, "compile")
     events: list[dict] = []
     for name, net in (("critic_apply", learner.critic), ("actor_apply", learner.actor)):
         step = learner._fn[name]
@@ -120,12 +133,7 @@ def apply_trace(device, iterations: int) -> list[dict]:
             return out
 
         learner._fn[name] = traced
-    rows = SMALL["batch_size"] * SMALL["updates_per_step"]
-    g = torch.Generator().manual_seed(1 + dist.get_rank())
-    for it in range(iterations):
-        b = {k: v.to(device) for k, v in synthetic_batch(rows, generator=g, **DIMS).items()}
-        torch.manual_seed(7 + it)
-        learner.update(b)
+    train(learner, device, iterations)
     return events
 
 
@@ -153,17 +161,18 @@ def two_devices_one_process(iterations: int) -> dict:
     return {"differing_tensors_per_iteration": per_iteration}
 
 
-def worker(rank: int, port: int, iterations: int, path: str, modes: tuple[str, ...], overrides: dict, cache_per_rank: bool) -> None:
+def worker(rank: int, store: str, iterations: int, path: str, modes: tuple[str, ...], overrides: dict, cache_per_rank: bool) -> None:
     global DEVICE
     CONFIG_OVERRIDES.update(overrides)
     if cache_per_rank:  # each rank compiles and autotunes on its own (no shared Inductor cache)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/inductor_cache_rank{rank}_{os.getpid()}"
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    os.environ.update(NCCL_NVLS_ENABLE="0")
     cuda = torch.cuda.is_available()  # without CUDA: a gloo rehearsal of the eager part
     DEVICE = device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=2)
+    # rendezvous through a file (no TCP port to race for), as the tests and benchmark_multigpu
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         report = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
         if cuda:
@@ -193,14 +202,12 @@ if __name__ == "__main__":
     parser.add_argument("--cache-per-rank", action="store_true", help="a fresh Inductor cache per rank")
     parser.add_argument("--two-devices", action="store_true", help="also: one process, cuda:0 vs cuda:1, no torch.distributed")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     overrides: dict = {"use_amp": False} if args.no_amp else {}
     if args.inductor_option:
         overrides["inductor_options"] = {k: {"True": True, "False": False}.get(v, v) for k, v in (o.split("=", 1) for o in args.inductor_option)}
-    mp.start_processes(worker, args=(port, args.iterations, args.output, tuple(args.modes), overrides, args.cache_per_rank),
-                       nprocs=2, start_method="spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(worker, args=(os.path.join(tmp, "rendezvous"), args.iterations, args.output, tuple(args.modes),
+                                         overrides, args.cache_per_rank), nprocs=2, start_method="spawn")
     report = json.loads(Path(args.output).read_text())
     report["options"] = {"no_amp": args.no_amp, "inductor_options": overrides.get("inductor_options"), "cache_per_rank": args.cache_per_rank}
     if args.two_devices and torch.cuda.device_count() >= 2:

@@ -58,13 +58,7 @@ class RankAverager:
 
     @torch.no_grad()
     def broadcast_(self, tensors: list[torch.Tensor], src: int = 0) -> None:
-        """Overwrite ``tensors`` in place with rank ``src``'s values."""
-        for t in tensors:
-            dist.broadcast(t, src=src, group=self.group)
-
-    @torch.no_grad()
-    def broadcast_bucket_(self, tensors: list[torch.Tensor], src: int = 0) -> None:
-        """Overwrite ``tensors`` (same dtype) in place with rank ``src``'s values, in one broadcast."""
+        """Overwrite ``tensors`` (all fp32) in place with rank ``src``'s values, in one broadcast."""
         flat = torch.cat([t.reshape(-1) for t in tensors])
         dist.broadcast(flat, src=src, group=self.group)
         start = 0

@@ -360,7 +360,7 @@ class FlashSACLearner:
             self.totals.add_(torch.stack([skipped_critic, skipped_actor, skipped_temp]))
             metrics[u_count, : len(TOTAL_COLUMNS)].copy_(self.totals)
         if self.averager is not None and cfg.dp_broadcast_params:
-            self.averager.broadcast_bucket_([self.actor.params.data, self.critic.params.data, self.target_critic.params.data])
+            self.averager.broadcast_([self.actor.params.data, self.critic.params.data, self.target_critic.params.data])
 
     def update(
         self,
