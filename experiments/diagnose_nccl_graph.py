@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import run_environment  # noqa: E402  (experiments/ is the script's directory)
 from flashsac_opt.config import FlashSACConfig  # noqa: E402
 from flashsac_opt.data_parallel import named_tensors  # noqa: E402
 from flashsac_opt.learner import FlashSACLearner  # noqa: E402
@@ -209,6 +210,8 @@ if __name__ == "__main__":
         mp.start_processes(worker, args=(os.path.join(tmp, "rendezvous"), args.iterations, args.output, tuple(args.modes),
                                          overrides, args.cache_per_rank), nprocs=2, start_method="spawn")
     report = json.loads(Path(args.output).read_text())
+    report["environment"] = run_environment("cuda" if torch.cuda.is_available() else "cpu")
+    report["command"] = " ".join(["python", *sys.argv])
     report["options"] = {"no_amp": args.no_amp, "inductor_options": overrides.get("inductor_options"), "cache_per_rank": args.cache_per_rank}
     if args.two_devices and torch.cuda.device_count() >= 2:
         CONFIG_OVERRIDES.update(overrides)
