@@ -106,6 +106,7 @@ def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> 
             # state_sha256: the whole learner state (networks, targets, Adam moments, BN and
             # reward statistics, temperature) must be bit-identical on every rank
             "rank": rank, "ms": times, "state_sha256": state_digest(learner.state_dict()), "cold_start_s": cold, "finite": finite, "fused_update": learner.fused_update,
+            "broadcast_params": learner.broadcast_params,
             "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
             "rows_sampled": u * bsz, "bytes_sampled": u * bsz * row_bytes,
             "collective_bytes": collective_bytes_per_iteration(learner, u, pf) if world > 1 else 0,
@@ -128,7 +129,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
     import torch.multiprocessing as mp
 
     spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
-            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": args.broadcast_params, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
+            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": {"auto": None, "on": True, "off": False}[args.broadcast_params], "stack_dump_after": max(1.0, args.cell_timeout - 15)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
         store = os.path.join(tmp, "rendezvous")
@@ -149,7 +150,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
     w = WORKLOADS[wname]
     r0 = ranks[0]
     return {
-        "workload": wname, "world_size": world, "fused_update": r0["fused_update"],
+        "workload": wname, "world_size": world, "fused_update": r0["fused_update"], "broadcast_params": r0["broadcast_params"],
         "baseline_of_collectives": world == 1 and not fused, **{k: w[k] for k in ("batch_size", "updates_per_step", "policy_frequency")},
         "ms_median": statistics.median(r0["ms"]), "ms_p90": percentile(r0["ms"], 0.9),
         "ms_median_slowest_rank": max(statistics.median(r["ms"]) for r in ranks),
@@ -241,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-rows", type=int, default=2048, help="rows one collector writes per iteration (sample:new ratio)")
     parser.add_argument("--no-unfused-baseline", dest="unfused_baseline", action="store_false",
                         help="skip the 1-GPU cell on the data-parallel (unfused) code path")
-    parser.add_argument("--broadcast-params", action="store_true",
-                        help="dp_broadcast_params: rank 0's parameters broadcast once per iteration (bit-identical ranks by construction)")
+    parser.add_argument("--broadcast-params", choices=("auto", "on", "off"), default="auto",
+                        help="dp_broadcast_params: rank 0's parameters broadcast once per iteration (bit-identical ranks by "
+                             "construction); auto = the learner's default (on in compiled modes on CUDA)")
     parser.add_argument("--cell-timeout", type=float, default=300.0, help="seconds one world size may take (compile included)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)

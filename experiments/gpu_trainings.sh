@@ -97,6 +97,8 @@ for i in "${!RUNS[@]}"; do
   rc=$?
   # a failed run keeps its whole traceback (HYDRA_FULL_ERROR below), a good one its last lines
   keep=6; [ $rc -ne 0 ] && { keep=150; cp "/tmp/$name.log" "$OUT/$name.full.log"; }  # (gpu_two_jobs.sh packs *.log)
+  # TORCH_LOGS=recompiles,cudagraphs,...: keep what Dynamo and the cudagraph trees said, success or not
+  [ -n "${TORCH_LOGS:-}" ] && grep -E "ecompil|e-record|cudagraph|guard" "/tmp/$name.log" | head -n 400 > "$OUT/$name.torch_logs.log"
   { echo "== $name: rc=$rc, limit ${share}s, done at ${SECONDS}s"; grep -v "^[│╭╰├┃]" "/tmp/$name.log" | tail -n $keep; } | tee -a "$OUT/trainings.log"
   [ "$learner" = flashsac_opt ] && { LAST_OURS="$logs"; LAST_TAG="$TAG"; }
 done

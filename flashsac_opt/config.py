@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    import torch
 
 LEARNER_MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
@@ -88,11 +91,13 @@ class FlashSACConfig:
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
-    # bit-identical, but on the H200 compile/graph mode left the parameters ~1 ulp apart
-    # (FLASH_SAC_OPTIMIZATION.md, "Data parallel"); this makes every iteration end with
-    # bit-identical ranks at the price of one more collective (~ the size of two critic
-    # gradients and an actor gradient per iteration).
-    dp_broadcast_params: bool = False
+    # bit-identical, but on the H200 compile/graph mode left the parameters ~1 ulp apart:
+    # the compiled optimizer step gives different bits on two GPUs for identical inputs
+    # (FLASH_SAC_OPTIMIZATION.md, "Data parallel"). The broadcast makes every iteration end
+    # with bit-identical ranks for one more collective (~ the size of two critic gradients
+    # and an actor gradient; measured 2-5% of an iteration). None: on where that was seen,
+    # i.e. compiled modes on CUDA; eager and CPU ranks are exact without it.
+    dp_broadcast_params: bool | None = None
 
     def __post_init__(self) -> None:
         if self.learner_mode not in LEARNER_MODES:
@@ -109,10 +114,19 @@ class FlashSACConfig:
         if self.num_atoms < 2 or self.critic_max_v <= self.critic_min_v:
             raise ValueError("the critic support needs num_atoms >= 2 and critic_max_v > critic_min_v")
 
+    def broadcasts_params(self, device: torch.device) -> bool:
+        """Whether a data-parallel learner on ``device`` broadcasts rank 0's parameters."""
+        if self.dp_broadcast_params is None:
+            return self.learner_mode != "eager" and device.type == "cuda"
+        return bool(self.dp_broadcast_params)
+
     @property
     def use_fused_update(self) -> bool:
+        return self.use_fused_update_for(self.batch_size)
+
+    def use_fused_update_for(self, batch_size: int) -> bool:
         if self.fused_update is None:
-            return self.batch_size <= FUSED_UPDATE_MAX_BATCH
+            return batch_size <= FUSED_UPDATE_MAX_BATCH
         return bool(self.fused_update)
 
     @property

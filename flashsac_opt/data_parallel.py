@@ -21,10 +21,11 @@ iteration (NCCL collectives are capturable), so an iteration is still one graph 
 
 gloo (CPU) has no AVG reduction: the bucket is summed and divided by the world size.
 
-``dp_broadcast_params`` (config, off by default) adds one broadcast of rank 0's parameters
-at the end of each iteration: a guarantee of bit-identical ranks that does not depend on
-every rank's compiled optimizer step producing the same bits (on the H200 Inductor's did
-not, by ~1 ulp: FLASH_SAC_OPTIMIZATION.md, "Data parallel").
+``dp_broadcast_params`` (config; default: on in compiled modes on CUDA) adds one broadcast
+of rank 0's parameters at the end of each iteration: a guarantee of bit-identical ranks that
+does not depend on every rank's compiled optimizer step producing the same bits (on the
+H200 Inductor's did not, by ~1 ulp, even on identical inputs: FLASH_SAC_OPTIMIZATION.md,
+"Data parallel").
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def collective_bytes_per_iteration(learner, updates_per_step: int, policy_freque
     actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
     actor_updates = len(range(0, updates_per_step, policy_frequency))
     broadcast = 0
-    if learner.cfg.dp_broadcast_params:  # actor, critic and target parameters, once per iteration
+    if learner.broadcast_params:  # actor, critic and target parameters, once per iteration
         broadcast = learner.actor.layout.numel + 2 * learner.critic.layout.numel
     return 4 * (updates_per_step * critic + actor_updates * actor + broadcast)
 

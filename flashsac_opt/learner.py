@@ -14,6 +14,7 @@ step (and the BN statistics and target update that depend on it) on the device.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import asdict
 
 import torch
@@ -146,7 +147,10 @@ class FlashSACLearner:
         # overhead: slower in an ad-hoc CPU check); data parallel puts its collective between loss and
         # step, so it uses the split form.
         compiled = cfg.learner_mode != "eager"
-        self.fused_update = cfg.use_fused_update and self.averager is None and compiled
+        self.broadcast_params = self.averager is not None and cfg.broadcasts_params(self.device)
+        self._fusable = self.averager is None and compiled
+        self.fused_update = cfg.use_fused_update and self._fusable
+        self._warned_batch_size = False
         self.compile_cache_loaded = bool(compiled and cfg.compile_cache_file and load_compile_cache(cfg.compile_cache_file))
         self._save_compile_cache = bool(compiled and cfg.compile_cache_file and not self.compile_cache_loaded)
         self._fn = build_update_functions(self)
@@ -359,7 +363,7 @@ class FlashSACLearner:
             skipped_temp = (1.0 - actor_rows[:, COL["temperature_applied"]]).sum()
             self.totals.add_(torch.stack([skipped_critic, skipped_actor, skipped_temp]))
             metrics[u_count, : len(TOTAL_COLUMNS)].copy_(self.totals)
-        if self.averager is not None and cfg.dp_broadcast_params:
+        if self.broadcast_params:
             self.averager.broadcast_([self.actor.params.data, self.critic.params.data, self.target_critic.params.data])
 
     def update(
@@ -373,12 +377,28 @@ class FlashSACLearner:
         u_count = updates_per_step or cfg.updates_per_step
         pf = policy_frequency or cfg.policy_frequency
         bsz = self.validate_batch(batch, u_count)
+        self._check_configured_batch_size(bsz)
         self._begin_iteration(u_count, pf)
         if self.cfg.learner_mode == "graph":
             self._graph.run(batch, u_count, pf, bsz)
         else:
             self._run_updates(batch, u_count, pf, bsz)
         self._end_iteration()
+
+    def _check_configured_batch_size(self, bsz: int) -> None:
+        # The fused-or-split choice was made at construction from cfg.batch_size; a caller
+        # updating on another size gets correct but possibly slower updates. Say so once
+        # (UniLab's runner did not pass its batch size before patch 0001 v3: a B256 run took
+        # the split path chosen for the default 2048, 5x slower in compile mode).
+        if bsz != self.cfg.batch_size and not self._warned_batch_size:
+            self._warned_batch_size = True
+            if self.cfg.fused_update is None and self.fused_update != self.cfg.use_fused_update_for(bsz) and self._fusable:
+                warnings.warn(
+                    f"updates on batches of {bsz} rows, but the learner was built for batch_size={self.cfg.batch_size}, "
+                    f"so it uses the {'fused' if self.fused_update else 'split'} update path meant for that size; "
+                    f"build it with batch_size={bsz} (or set fused_update) for the faster path",
+                    stacklevel=3,
+                )
 
     def _end_iteration(self) -> None:
         self.iterations += 1

@@ -191,6 +191,8 @@ class UniLabFlashSACLearner:
             # provenance: how this learner was configured through UniLab's config
             "learner_mode": self.cfg.learner_mode,
             "fused_update": self.cfg.fused_update,
+            "batch_size": self.cfg.batch_size,  # the runner's (patch 0001 passes it)
+            "fused_update_used": self.learner.fused_update,
             "compile_cache_file": self.cfg.compile_cache_file,
         }
         return state

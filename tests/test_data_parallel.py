@@ -27,10 +27,12 @@ def _worker(rank: int, world: int, out_dir: str, scenario: str) -> None:
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=world)
     try:
         torch.manual_seed(100 + rank)  # different seeds: the learner must still start equal
-        mode = {"compile": "compile", "nccl_graph": "graph", "nccl_graph_broadcast": "graph"}.get(scenario, "eager")
+        mode = "graph" if cuda else {"compile": "compile"}.get(scenario, "eager")
         overrides = {"compile_backend": "aot_eager"} if mode == "compile" else {}
-        if scenario in ("diverged_broadcast", "nccl_graph_broadcast"):
+        if scenario == "diverged_broadcast":
             overrides["dp_broadcast_params"] = True
+        if scenario == "nccl_graph_no_broadcast":
+            overrides["dp_broadcast_params"] = False
         learner = FlashSACLearner(
             FlashSACConfig(**SMALL, learner_mode=mode, **overrides), process_group=True, device=device, **DIMS
         )
@@ -80,17 +82,30 @@ def test_ranks_with_different_data_stay_bit_identical(tmp_path, scenario):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scenario", ["nccl_graph", "nccl_graph_broadcast"])
-def test_nccl_graph_mode_ranks_stay_bit_identical(tmp_path, scenario):
-    """Two GPUs, NCCL, graph mode: the all-reduces (and with dp_broadcast_params the
-    parameter broadcast) are captured with the iteration. Without the broadcast this failed
-    on the H200 in session 5 (parameters ~1 ulp apart; diagnosis in FLASH_SAC_OPTIMIZATION.md)."""
+def test_nccl_graph_mode_ranks_stay_bit_identical(tmp_path):
+    """Two GPUs, NCCL, graph mode with its defaults: the all-reduces and the parameter
+    broadcast (dp_broadcast_params, on by default here) are captured with the iteration."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    s0, s1 = _run(tmp_path, scenario)
+    s0, s1 = _run(tmp_path, "nccl_graph")
     for name, t in named_tensors(s0):
         assert torch.equal(t, dict(named_tensors(s1))[name]), name
     assert torch.isfinite(s0["critic"]["params"]).all()
+
+
+@pytest.mark.gpu
+def test_nccl_graph_mode_without_broadcast_keeps_ranks_within_rounding(tmp_path):
+    """Without the broadcast the ranks' parameters end a few ulp apart on the H200 (the
+    compiled optimizer step rounds differently on two GPUs for identical inputs; session 6
+    diagnosis), while everything the averaged gradients decide stays bit-identical."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    s0, s1 = _run(tmp_path, "nccl_graph_no_broadcast")
+    t0, t1 = dict(named_tensors(s0)), dict(named_tensors(s1))
+    for name in ("actor.params", "critic.params", "target_critic.params"):
+        assert float((t0[name] - t1[name]).abs().max()) <= 1e-5, name
+    for name in ("optim.critic.exp_avg_sq", "optim.actor.exp_avg_sq", "critic.bn_stats", "temperature.log_temp"):
+        assert torch.equal(t0[name], t1[name]), name
 
 
 def test_two_ranks_on_the_same_data_equal_one_process(tmp_path):
@@ -137,13 +152,25 @@ def test_parameter_broadcast_makes_diverged_ranks_bit_identical(tmp_path):
         assert torch.equal(on[0][name], on[1][name]), name
 
 
+def test_parameter_broadcast_defaults_to_compiled_modes_on_cuda():
+    cfg = lambda mode, flag=None: FlashSACConfig(**SMALL, learner_mode=mode, dp_broadcast_params=flag)  # noqa: E731
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert cfg("graph").broadcasts_params(cuda) and cfg("compile").broadcasts_params(cuda)
+    assert not cfg("eager").broadcasts_params(cuda)  # eager ranks were exact on the H200
+    assert not cfg("compile").broadcasts_params(cpu)
+    assert cfg("eager", True).broadcasts_params(cpu) and not cfg("graph", False).broadcasts_params(cuda)
+    # a single-process learner never broadcasts, whatever the flag
+    assert not FlashSACLearner(FlashSACConfig(**SMALL, dp_broadcast_params=True), **DIMS).broadcast_params
+
+
 def test_collective_bytes_follow_the_layout():
     learner = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS)
     per_critic = learner.critic.layout.numel + 1 + 2 * learner.critic.stats_layout.numel
     per_actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
     assert collective_bytes_per_iteration(learner, 4, 2) == 4 * (4 * per_critic + 2 * per_actor)
     assert collective_bytes_per_iteration(learner, 3, 2) == 4 * (3 * per_critic + 2 * per_actor)
-    synced = FlashSACLearner(FlashSACConfig(**SMALL, dp_broadcast_params=True), **DIMS)
+    synced = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS)
+    synced.broadcast_params = True  # what a data-parallel learner in graph mode on CUDA sets
     params = synced.actor.layout.numel + 2 * synced.critic.layout.numel
     assert collective_bytes_per_iteration(synced, 4, 2) == 4 * (4 * per_critic + 2 * per_actor + params)
 

@@ -249,6 +249,25 @@ def test_data_parallel_diagnosis_gloo_rehearsal_finds_no_difference(tmp_path):
     assert report["options"] == {"no_amp": False, "inductor_options": None, "cache_per_rank": False}
 
 
+def test_rerecord_diagnosis_drives_the_runner_actions_and_reports_each_variant(tmp_path):
+    """diagnose_compile_rerecord.py on CPU (eager: no cudagraph trees to count): each variant
+    runs in its own process through the UniLab adapter, with the runner's actions, and the
+    JSON says per variant what ran, how far and how fast."""
+    out = tmp_path / "rerecord.json"
+    done = run("diagnose_compile_rerecord.py", "--mode", "eager", "--variants", "bare", "runner", "--iterations", "4",
+               "--updates-per-step", "2", "--batch-size", "16", "--num-envs", "8", "--save-interval", "2", "--output", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert list(report["variants"]) == ["bare", "runner"]
+    assert report["variants"]["runner"]["actions"] == ["prepare", "reward_stats", "explore", "checkpoint"]
+    for result in report["variants"].values():
+        assert result["error"] is None and result["iterations_done"] == 4 and result["ms_median"] > 0
+        assert result["graphs_compiled_after_warmup"] == 0 and result["rerecords_after_warmup"] is None
+    assert report["environment"]["device"] == "cpu" and report["workload"]["batch_size"] == 16
+    bad = run("diagnose_compile_rerecord.py", "--iterations", "2", "--output", str(out))
+    assert bad.returncode == 2 and "warm-up" in bad.stderr
+
+
 def test_multigpu_collective_cost_is_measured_against_the_same_code_path():
     """Efficiency against the best single GPU; the collective's cost against one GPU on the
     data-parallel (unfused) path, so fusing is not booked as communication."""
@@ -295,17 +314,24 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     done = run("summarize_trainings.py", *map(str, runs), "--output", str(out), "--markdown", str(md))
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())["runs"]
-    by = {(r["updates_per_step"], r["learner"], r["mode"], r["seed"]): r for r in summary}
+    by = {(r["updates_per_step"], r["batch_size"], r["learner"], r["mode"], r["seed"]): r for r in summary}
     assert len(by) == len(runs)  # one row per run
     for u in (2, 8):
-        stock, ours = by[(u, "unilab", "graph", 1)], by[(u, "flashsac_opt", "graph", 1)]
+        stock, ours = by[(u, 256, "unilab", "graph", 1)], by[(u, 256, "flashsac_opt", "graph", 1)]
         assert stock["learner_ms_vs_unilab_default"] == 1.0
         assert ours["learner_ms_vs_unilab_default"] == ours["learner_ms_median"] / stock["learner_ms_median"]
         assert ours["first_learner_iteration_s"] == min(r["wall_s"] for r in json.loads((REPO / "results" / "trainings" / ours["file"]).read_text())["rows_all"])
     assert md.read_text().count("\n") == 2 + len(runs)
-    # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0)
-    crashed = by[(8, "flashsac_opt", "compile", 1)]
+    # a run cut by its time limit is not complete, and says why
+    assert all(r["completed"] or r["stopped_by_time_limit"] for r in summary)
+    # no stock reference at batch 2048 (stock UniLab never reached its first update there): no ratio
+    assert by[(8, 2048, "flashsac_opt", "graph", 1)].get("learner_ms_vs_unilab_default") is None
+    # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0); its
+    # session-6 rerun completed (results/trainings), the crashed report is kept under device/
+    assert by[(8, 256, "flashsac_opt", "compile", 1)]["completed"]
+    crashed_file = REPO / "results" / "device" / "training_u8_b256_flashsac_opt_compile_s1_crashed_2026-11-29_s5.json"
+    done = run("summarize_trainings.py", str(crashed_file), "--output", str(tmp_path / "c.json"), "--markdown", str(md))
+    (crashed,) = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert not crashed["completed"] and not crashed["stopped_by_time_limit"] and "ended early" in md.read_text()
-    assert all(r["completed"] for r in summary if r is not crashed)
     bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr

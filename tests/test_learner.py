@@ -1,6 +1,7 @@
 """Behaviour of the flashsac_opt learner on CPU (no UniLab needed)."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -334,6 +335,27 @@ def test_compile_boundaries_follow_fused_update(mode, batch_size, fused_update, 
                          learner_mode=mode, compile_backend="aot_eager")
     learner = FlashSACLearner(cfg, **DIMS)
     assert list(learner._fn) == functions
+
+
+def test_updating_on_another_batch_size_than_configured_warns_once_about_the_update_path():
+    """The fused/split choice is made from cfg.batch_size. UniLab's runner once built the
+    learner without its batch size (default 2048 -> split) and then updated on B256 rows:
+    correct but 5x slower in compile mode on the H200. Such a mismatch now says so, once."""
+    cfg = FlashSACConfig(**{**SMALL, "batch_size": 2048, "updates_per_step": 2}, learner_mode="compile", compile_backend="eager")
+    learner = FlashSACLearner(cfg, **DIMS)
+    assert not learner.fused_update
+    batch = synthetic_batch(2 * 16, DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"], generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match=r"built for batch_size=2048.*batch_size=16"):
+        learner.update(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        learner.update(batch)  # once only
+    # built with the size it is fed: the fused path, no warning
+    fed = FlashSACLearner(FlashSACConfig(**{**SMALL, "updates_per_step": 2}, learner_mode="compile", compile_backend="eager"), **DIMS)
+    assert fed.fused_update
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fed.update(batch)
 
 
 def test_cli_info(capsys):

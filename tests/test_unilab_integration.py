@@ -212,6 +212,7 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
     # the patch routes flashsac_opt's own knobs from UniLab's config
     assert state["flashsac_opt"]["fused_update"] is False
+    assert state["flashsac_opt"]["batch_size"] == 32  # the runner's batch size reached the learner
     assert state["flashsac_opt"]["compile_cache_file"] == str(tmp_path / "cc.bin")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -258,12 +259,14 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
     assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == 2
 
 
-def test_an_earlier_version_of_the_patch_is_upgraded_or_reverted(site):
-    """Files as the previous flashsac_opt's 0001 left them: status says so, apply upgrades
-    them to exactly what a fresh apply writes, revert restores UniLab's originals."""
+@pytest.mark.parametrize("version", [0, 1])
+def test_an_earlier_version_of_the_patch_is_upgraded_or_reverted(site, version):
+    """Files as a previous flashsac_opt's 0001 left them (v1, v2): status says so, apply
+    upgrades them to exactly what a fresh apply writes, revert restores UniLab's originals."""
     series = unilab_patch.load_series()
     current = series[0]
-    (old,) = current.earlier
+    assert len(current.earlier) == 2
+    old = current.earlier[version]
     originals = {f.path: (site / f.path).read_bytes() for f in current.files}
     for f in old.files:  # what the earlier flashsac_opt wrote
         (site / f.path).write_text(unilab_patch._apply_hunks((site / f.path).read_text(), f.hunks, reverse=False))
