@@ -15,6 +15,10 @@ those runner actions to the benchmark's loop ("bare"), plus "runner" with all of
 Per variant: ms per iteration after warm-up (median, p90), Dynamo graphs compiled after
 warm-up, cudagraph-tree re-recordings and their reasons (the trees' own debug log),
 recorded graphs, cudagraph skips, and whether the run raised.
+Session 6 on the H200 (results/device/diagnose_compile_rerecord_2026-11-29_s6.json): 0
+re-records and 0 recompiles in every variant. The runner's slowness had another cause:
+patch 0001 v2 did not pass the runner's batch size, so the learner chose the split update
+path meant for its default batch 2048 (fixed in v3; FLASH_SAC_OPTIMIZATION.md).
     python experiments/diagnose_compile_rerecord.py --output diagnose_rerecord.json
     (without CUDA: a CPU rehearsal; there are no cudagraph trees to count)
 """
