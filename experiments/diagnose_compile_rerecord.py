@@ -110,7 +110,8 @@ def run_variant(args, actions: tuple[str, ...]) -> dict:
     try:
         for it in range(args.iterations):
             if it == WARMUP:
-                torch.cuda.synchronize() if device.type == "cuda" else None
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 after_warmup = (counters["stats"]["unique_graphs"], tree_state(device))
             start = time.perf_counter()
             if "reward_stats" in actions:

@@ -392,7 +392,8 @@ class FlashSACLearner:
         # the split path chosen for the default 2048, ~5x slower in compile mode on the H200).
         if bsz != self.cfg.batch_size and not self._warned_batch_size:
             self._warned_batch_size = True
-            if self.cfg.fused_update is None and self.fused_update != self.cfg.use_fused_update_for(bsz) and self._fusable:
+            # (an explicit cfg.fused_update gives the same answer for every size: no warning)
+            if self.fused_update != (self._fusable and self.cfg.use_fused_update_for(bsz)):
                 warnings.warn(
                     f"updates on batches of {bsz} rows, but the learner was built for batch_size={self.cfg.batch_size}, "
                     f"so it uses the {'fused' if self.fused_update else 'split'} update path meant for that size; "

@@ -331,6 +331,7 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert by[(8, 256, "flashsac_opt", "compile", 1)]["completed"]
     crashed_file = REPO / "results" / "device" / "training_u8_b256_flashsac_opt_compile_s1_crashed_2026-11-29_s5.json"
     done = run("summarize_trainings.py", str(crashed_file), "--output", str(tmp_path / "c.json"), "--markdown", str(md))
+    assert done.returncode == 0, done.stderr
     (crashed,) = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert not crashed["completed"] and not crashed["stopped_by_time_limit"] and "ended early" in md.read_text()
     bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
