@@ -3,10 +3,12 @@
 # flashsac_opt, then stock UniLab's `eval` on the last flashsac_opt run's checkpoint.
 #   here:   bash experiments/fetch_device_wheels.sh --training     (carry .whl to the device)
 #   device: bash experiments/gpu_trainings.sh U2|U8 [ITERATIONS] [RUN...]   # one call (< 10 min)
-#     RUN = LEARNER:MODE[:SEED], LEARNER unilab|flashsac_opt, MODE eager|compile|graph;
+#     RUN = [UN:]LEARNER:MODE[:SEED], LEARNER unilab|flashsac_opt, MODE eager|compile|graph;
+#     UN (e.g. U8) overrides the first argument's updates per step for that run;
 #     default: unilab:graph flashsac_opt:graph (issue 4: stock default vs patched)
 #     e.g. U2 1000 unilab:eager flashsac_opt:compile        (issue 5's other matrix rows)
 #          U2 1000 unilab:graph:1 flashsac_opt:graph:1 unilab:graph:2 ...   (time-reward seeds)
+#          U2 1000 flashsac_opt:graph U8:flashsac_opt:graph     (both update counts in one job)
 #     BATCH=2048 bash ... U8 ...                              (UniLab's G1 default batch)
 # 256 envs (ENVS=...), batch 256 (BATCH=...), policy frequency 2. ITERATIONS defaults to 1000
 # (issue 5's matrix; issue 4 needs >= 300). The call has 585 s: each training gets a
@@ -18,11 +20,11 @@
 # physics; ../shared/reference/unilab.md). UniLab compiles with
 # TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS=ATEN (its stock autotuning takes > 7 min).
 set -uo pipefail
-usage() { echo "usage: $0 U2|U8 [ITERATIONS] [LEARNER:MODE[:SEED]...]" >&2; exit 2; }
+usage() { echo "usage: $0 U2|U8 [ITERATIONS] [[UN:]LEARNER:MODE[:SEED]...]" >&2; exit 2; }
 case "${1:-}" in U2|U8) U=${1#U} ;; *) usage ;; esac
 ITER=${2:-1000}
 RUNS=("${@:3}"); [ ${#RUNS[@]} -gt 0 ] || RUNS=(unilab:graph flashsac_opt:graph)
-for r in "${RUNS[@]}"; do [[ $r =~ ^(unilab|flashsac_opt):(eager|compile|graph)(:[0-9]+)?$ ]] || usage; done
+for r in "${RUNS[@]}"; do [[ $r =~ ^(U[1-9][0-9]*:)?(unilab|flashsac_opt):(eager|compile|graph)(:[0-9]+)?$ ]] || usage; done
 deadline=$((SECONDS + 585))
 # CPU_DRY_RUN=1: a tiny CPU rehearsal of this script on a machine with UniLab, MuJoCo etc.
 # already installed (16 envs, eager, CPU-admitting patch); not a measurement.
@@ -75,23 +77,25 @@ startup() {  # LEARNER:MODE WARM(0|1) -> seconds
 # (At these costs two runs leave ~100 s of iterations each; four, ~15 s: hence one U per call.)
 declare -A SEEN=(); STARTUP=()
 for r in "${RUNS[@]}"; do
-  lm=$(cut -d: -f1,2 <<< "$r"); STARTUP+=("$(startup "$lm" "${SEEN[$lm]:-0}")"); SEEN[$lm]=1
+  lm=$(sed -E 's/^U[0-9]+://' <<< "$r" | cut -d: -f1,2); STARTUP+=("$(startup "$lm" "${SEEN[$lm]:-0}")"); SEEN[$lm]=1
 done
 : > "$OUT/trainings.log"
 LAST_OURS=""; LAST_TAG=""
 for i in "${!RUNS[@]}"; do
-  IFS=: read -r learner mode seed <<< "${RUNS[$i]}"; seed=${seed:-1}
+  run=${RUNS[$i]}; u=$U
+  [[ $run =~ ^U([0-9]+):(.*)$ ]] && { u=${BASH_REMATCH[1]}; run=${BASH_REMATCH[2]}; }
+  IFS=: read -r learner mode seed <<< "$run"; seed=${seed:-1}
   n=$(( ${#RUNS[@]} - i )); fixed=0
   for t in "${STARTUP[@]:$i}"; do fixed=$((fixed + t)); done
   share=$(( STARTUP[i] + (deadline - SECONDS - 60 - 20 * n - fixed) / n ))
   [ "$DRY" = 1 ] && share=40
   [ $share -ge 30 ] || { echo "skipped $learner:$mode:$seed: only ${share}s left" | tee -a "$OUT/trainings.log"; continue; }
   root=/tmp/stock; [ "$learner" = flashsac_opt ] && root=/tmp/patched
-  TAG="u${U}_b${SIZE[3]}"
+  TAG="u${u}_b${SIZE[3]}"
   name="training_${TAG}_${learner}_${mode}_s$seed"
   logs="/tmp/logs_${name}"
   timeout $((share + 90)) python3 experiments/benchmark_flashsac_training.py --unilab-root $root --learner $learner --mode $mode --seed $seed \
-    "${SIZE[@]}" --updates-per-step "$U" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) \
+    "${SIZE[@]}" --updates-per-step "$u" --policy-frequency 2 --iterations "$ITER" --summary-last $((ITER / 2)) \
     --learning-starts 8 --replay-buffer-n 32 --save-interval $(( ITER < 100 ? ITER : 100 )) \
     --time-limit $share --log-root "$logs" --output "$OUT/$name.json" > "/tmp/$name.log" 2>&1
   rc=$?

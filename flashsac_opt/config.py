@@ -95,8 +95,8 @@ class FlashSACConfig:
     # the compiled optimizer step gives different bits on two GPUs for identical inputs
     # (FLASH_SAC_OPTIMIZATION.md, "Data parallel"). The broadcast makes every iteration end
     # with bit-identical ranks for one more collective (~ the size of two critic gradients
-    # and an actor gradient; 0-6% of a 2-GPU iteration on the H200 at W3/W4). None: on where that was seen,
-    # i.e. compiled modes on CUDA; eager and CPU ranks are exact without it.
+    # and an actor gradient; 13% / 8% of a 2-GPU iteration on the H200 at W3 / W4). None: on
+    # where that was seen, i.e. compiled modes on CUDA; eager and CPU ranks are exact without it.
     dp_broadcast_params: bool | None = None
 
     def __post_init__(self) -> None:
