@@ -62,19 +62,20 @@ unilab_patch.apply(Path("/tmp/patched"), include_optional=cpu)
 print(unilab_patch.status(Path("/tmp/patched")))
 PY
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/env.txt"
-# Each run's --time-limit: its start-up cost (UniLab start, compile, capture: rough H200
-# figures, cold or after an earlier run of this call filled the Inductor cache) plus an
+# Each run's --time-limit: its start-up cost (launch to first update: UniLab start ~45 s,
+# compile, capture; H200 figures of sessions 4-6, cold or after an earlier run of this call
+# filled the Inductor cache; warm ones are guesses) plus an
 # equal share of the iteration time left after every remaining run's start-up, the eval
 # (60 s) and a shutdown grace per run (20 s).
 startup() {  # LEARNER:MODE WARM(0|1) -> seconds
   case "$1:$2" in
-    unilab:graph:0) echo 170 ;; unilab:graph:1) echo 80 ;;
-    unilab:compile:0|flashsac_opt:compile:0) echo 60 ;; unilab:compile:1|flashsac_opt:compile:1) echo 30 ;;
-    flashsac_opt:graph:0) echo 75 ;; flashsac_opt:graph:1) echo 25 ;;
-    *) echo 20 ;;
+    unilab:graph:0) echo 250 ;; unilab:graph:1) echo 150 ;;
+    unilab:compile:0|flashsac_opt:compile:0) echo 130 ;; unilab:compile:1|flashsac_opt:compile:1) echo 70 ;;
+    flashsac_opt:graph:0) echo 135 ;; flashsac_opt:graph:1) echo 70 ;;
+    *) echo 50 ;;
   esac
 }
-# (At these costs two runs leave ~100 s of iterations each; four, ~15 s: hence one U per call.)
+# (At these costs two cold runs leave ~50 s of iterations each (1000 at B256 take 30-45 s).)
 declare -A SEEN=(); STARTUP=()
 for r in "${RUNS[@]}"; do
   lm=$(sed -E 's/^U[0-9]+://' <<< "$r" | cut -d: -f1,2); STARTUP+=("$(startup "$lm" "${SEEN[$lm]:-0}")"); SEEN[$lm]=1
