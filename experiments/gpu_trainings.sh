@@ -25,7 +25,7 @@ case "${1:-}" in U2|U8) U=${1#U} ;; *) usage ;; esac
 ITER=${2:-1000}
 RUNS=("${@:3}"); [ ${#RUNS[@]} -gt 0 ] || RUNS=(unilab:graph flashsac_opt:graph)
 for r in "${RUNS[@]}"; do [[ $r =~ ^(U[1-9][0-9]*:)?(unilab|flashsac_opt):(eager|compile|graph)(:[0-9]+)?$ ]] || usage; done
-deadline=$((SECONDS + 585))
+deadline=$((SECONDS + ${CALL_SECONDS:-585}))  # CALL_SECONDS=...: a shorter call (device time left)
 # CPU_DRY_RUN=1: a tiny CPU rehearsal of this script on a machine with UniLab, MuJoCo etc.
 # already installed (16 envs, eager, CPU-admitting patch); not a measurement.
 DRY=${CPU_DRY_RUN:-0}
