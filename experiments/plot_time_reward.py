@@ -49,32 +49,44 @@ def events_curve(directory: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.array([e.wall_time - first for e in points]), np.array([e.value for e in points])
 
 
+def band(curves: list[tuple[np.ndarray, np.ndarray]], grid_points: int) -> dict:
+    """Common time grid up to the longest run; each run interpolated inside its own span (NaN
+    outside); min/max over the runs present at each point, the mean only where all are."""
+    end = max(t[-1] for t, _ in curves)
+    grid = np.linspace(0.0, end, grid_points)
+    stacked = np.stack([np.interp(grid, t, r, left=np.nan, right=np.nan) for t, r in curves])
+    present = np.isfinite(stacked).sum(axis=0)
+    with warnings.catch_warnings():  # grid points outside every run: NaN, as intended
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean, low, high = np.nanmean(stacked, axis=0), np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
+    mean[present < len(curves)] = np.nan  # a mean of whichever seeds happen to be running would zigzag
+    return {"grid_s": grid.tolist(), "runs_present": present.tolist(), "mean": mean.tolist(), "min": low.tolist(), "max": high.tolist()}
+
+
 def summarize(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]], grid_points: int = 200) -> dict:
     """Per group: a common time grid up to the longest run; each run's reward interpolated
     inside its own time span (NaN outside); min/max over the runs present at each grid point
     (``runs_present``), the mean where all of them are. Runs start at different times (a seed's start-up differs
     by tens of seconds), so a grid cut at the shortest run or at the latest start would drop
-    most of a curve."""
+    most of a curve.
+
+    ``since_first_reward``: the same with each run's clock started at its first reward. Start-up
+    (UniLab's start, compile, capture; cold or warm Inductor cache) differs by minutes between
+    learners and by tens of seconds between seeds, so from the launch the seeds hardly overlap
+    and the band is mostly one run; from the first reward they do, and the band shows the
+    seed spread of the training itself."""
     out = {}
     for label, curves in groups.items():
-        end = max(t[-1] for t, _ in curves)
-        grid = np.linspace(0.0, end, grid_points)
-        stacked = np.stack([np.interp(grid, t, r, left=np.nan, right=np.nan) for t, r in curves])
-        present = np.isfinite(stacked).sum(axis=0)
-        with warnings.catch_warnings():  # grid points before any run's first reward: NaN, as intended
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean, low, high = np.nanmean(stacked, axis=0), np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
-        mean[present < len(curves)] = np.nan  # a mean of whichever seeds happen to be running would zigzag
         out[label] = {
             "seeds": len(curves),
             "wall_time_s": [float(t[-1]) for t, _ in curves],
             "final_reward": [float(r[-1]) for _, r in curves],
-            "grid_s": grid.tolist(),
-            "runs_present": present.tolist(),
-            "mean": mean.tolist(),
-            "min": low.tolist(),
-            "max": high.tolist(),
+            **band(curves, grid_points),
             "runs": [{"t": t.tolist(), "reward": r.tolist()} for t, r in curves],
+            "since_first_reward": {
+                "start_s": [float(t[0]) for t, _ in curves],
+                **band([(t - t[0], r) for t, r in curves], grid_points),
+            },
         }
     return out
 
@@ -85,19 +97,26 @@ def plot(summary: dict, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 8))
     for label, g in summary.items():
         seeds = f"{g['seeds']} seed" + ("s" if g["seeds"] != 1 else "")
         line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({seeds}, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")[0]
         ax.fill_between(g["grid_s"], g["min"], g["max"], color=line.get_color(), alpha=0.2)
         for run in g["runs"]:  # each seed, thin: where only one seed has data the band is that seed
             ax.plot(run["t"], run["reward"], color=line.get_color(), linewidth=0.6, alpha=0.5)
+        since = g["since_first_reward"]
+        starts = ", ".join(f"{s:.0f}" for s in since["start_s"])
+        ax2.plot(since["grid_s"], since["mean"], color=line.get_color(), label=f"{label} (first reward at {starts} s)")
+        ax2.fill_between(since["grid_s"], since["min"], since["max"], color=line.get_color(), alpha=0.2)
     ax.set_xlim(left=0)  # from the launch: the start-up before the first reward is part of the story
-    ax.set_xlabel("training wall time (s)")
-    ax.set_ylabel(TAG)
+    ax.set_xlabel(f"wall time since {next(iter(summary.values()))['time_from']} (s): start-up and compile included")
+    ax2.set_xlim(left=0)
+    ax2.set_xlabel("wall time since each run's first reward (s): training only, mean and min/max over seeds")
+    for a in (ax, ax2):
+        a.set_ylabel(TAG)
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
     ax.set_title(title, fontsize=9)
-    ax.legend()
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
 

@@ -206,6 +206,10 @@ def test_time_reward_plot_reads_training_json_time_from_launch(tmp_path):
     group = json.loads(out.read_text())["groups"]["json"]
     assert group["time_from"] == "launch" and group["wall_time_s"] == [39.0, 39.0] and group["final_reward"] == [9.0, 10.0]
     assert group["mean"][0] != group["mean"][0]  # NaN: no run has a reward before its first learner iteration at 30 s
+    # from each run's first reward the seeds overlap from 0: mean of rewards 0 and 1, spread 1
+    since = group["since_first_reward"]
+    assert since["start_s"] == [30.0, 30.0] and since["grid_s"][-1] == 9.0
+    assert (since["mean"][0], since["min"][0], since["max"][0]) == (0.5, 0.0, 1.0)
     _fake_run(tmp_path / "dir", 0.5, 0.0)
     mixed = run("plot_time_reward.py", "--group", "m", str(tmp_path / "run0.json"), str(tmp_path / "dir"), "--output", str(out), "--plot", str(png))
     assert mixed.returncode == 2 and "mixes training JSON" in mixed.stderr
@@ -324,10 +328,15 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert md.read_text().count("\n") == 2 + len(runs)
     # a run cut by its time limit is not complete, and says why
     assert all(r["completed"] or r["stopped_by_time_limit"] for r in summary)
-    # no stock reference at batch 2048 (stock UniLab never reached its first update there): no ratio
-    assert by[(8, 2048, "flashsac_opt", "graph", 1)].get("learner_ms_vs_unilab_default") is None
+    # batch 2048 compares with stock UniLab's graph mode at batch 2048, not at 256
+    b2048 = by[(8, 2048, "flashsac_opt", "graph", 1)]
+    assert b2048["learner_ms_vs_unilab_default"] == b2048["learner_ms_median"] / by[(8, 2048, "unilab", "graph", 1)]["learner_ms_median"]
+    # ... and without that reference a row has no ratio (stock's B2048 run left out)
+    alone = run("summarize_trainings.py", str(REPO / "results" / "trainings" / b2048["file"]), "--output", str(tmp_path / "a.json"))
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads((tmp_path / "a.json").read_text())["runs"][0].get("learner_ms_vs_unilab_default") is None
     # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0); its
-    # session-6 rerun completed (results/trainings), the crashed report is kept under device/
+    # reruns completed (results/trainings), the crashed report is kept under device/
     assert by[(8, 256, "flashsac_opt", "compile", 1)]["completed"]
     crashed_file = REPO / "results" / "device" / "training_u8_b256_flashsac_opt_compile_s1_crashed_2026-11-29_s5.json"
     done = run("summarize_trainings.py", str(crashed_file), "--output", str(tmp_path / "c.json"), "--markdown", str(md))
