@@ -42,6 +42,8 @@ def summarize_run(path: Path) -> dict:
         "iterations_planned": cfg["iterations"], "iterations_logged": report["iterations_logged"],
         "stopped_by_time_limit": report["stopped_by_time_limit"], "completed": completed,
         "first_learner_iteration_s": min((r["wall_s"] for r in rows_all if "wall_s" in r), default=None),
+        # None for reports written before the field (the report says which were warm)
+        "inductor_cache_warm_at_launch": (report.get("inductor_cache_at_launch") or {}).get("warm"),
         "summarized_iterations": len(report["rows"]),
         "learner_ms_median": stat("learner_train_ms", "median"), "learner_ms_p90": stat("learner_train_ms", "p90"),
         "iter_ms_median": stat("iter_ms", "median"), "iter_ms_p90": stat("iter_ms", "p90"),
@@ -72,7 +74,7 @@ def markdown(runs: list[dict]) -> str:
         its += "" if r["completed"] else " (ended early: crashed)"
         lines.append(
             f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} | {its} "
-            f"| {fmt(r['first_learner_iteration_s'], '.0f')} | {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "
+            f"| {fmt(r['first_learner_iteration_s'], '.0f')}{' (warm cache)' if r['inductor_cache_warm_at_launch'] else ''} | {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "
             f"| {fmt(r.get('learner_ms_vs_unilab_default'), '.2f')} | {fmt(r['iter_ms_median'], '.1f')} "
             f"| {fmt(r['collector_ms_median'], '.1f')} | {fmt(r['reward_last'], '.2f')} |"
         )

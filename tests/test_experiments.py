@@ -88,7 +88,7 @@ def test_training_benchmark_refuses_an_unpatched_unilab(site, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is what CI exercises")
-def test_training_benchmark_tiny_cpu_run(site, tmp_path):
+def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     """A real (tiny) G1 training through the CPU-admitting patch, stopped by --time-limit the
     way the device calls bound theirs: UniLab shuts down as on Ctrl-C and the JSON summarizes
     the iterations it logged."""
@@ -97,6 +97,10 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path):
 
     unilab_patch.apply(site, include_optional=True)
     add_g1_placeholders(site / "unilab")
+    cache = tmp_path / "inductor_cache"  # (eager mode: the training adds nothing to it)
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "entry").write_bytes(b"x")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     out = tmp_path / "training.json"
     done = run(
         "benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--mode", "eager",
@@ -116,6 +120,8 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path):
     assert report["training_config"]["critic_updates_per_iteration"] == 2
     assert report["training_config"]["actor_updates_per_iteration"] == 1
     assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"
+    # the Inductor cache the training found at launch (set below): one file there, so a warm start
+    assert report["inductor_cache_at_launch"] == {"dir": str(cache), "files": 1, "warm": True}
 
 
 def test_replay_stability_short_cpu_run(tmp_path):
@@ -332,9 +338,16 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     b2048 = by[(8, 2048, "flashsac_opt", "graph", 1)]
     assert b2048["learner_ms_vs_unilab_default"] == b2048["learner_ms_median"] / by[(8, 2048, "unilab", "graph", 1)]["learner_ms_median"]
     # ... and without that reference a row has no ratio (stock's B2048 run left out)
-    alone = run("summarize_trainings.py", str(REPO / "results" / "trainings" / b2048["file"]), "--output", str(tmp_path / "a.json"))
+    # (that row as a report that records a warm Inductor cache at launch: its first update says so)
+    report = json.loads((REPO / "results" / "trainings" / b2048["file"]).read_text())
+    report["inductor_cache_at_launch"] = {"dir": "/tmp/torchinductor_root", "files": 12, "warm": True}
+    (tmp_path / "warm.json").write_text(json.dumps(report))
+    alone = run("summarize_trainings.py", str(tmp_path / "warm.json"), "--output", str(tmp_path / "a.json"), "--markdown", str(tmp_path / "a.md"))
     assert alone.returncode == 0, alone.stderr
-    assert json.loads((tmp_path / "a.json").read_text())["runs"][0].get("learner_ms_vs_unilab_default") is None
+    (row,) = json.loads((tmp_path / "a.json").read_text())["runs"]
+    assert row.get("learner_ms_vs_unilab_default") is None and row["inductor_cache_warm_at_launch"] is True
+    assert f"| {b2048['first_learner_iteration_s']:.0f} (warm cache) |" in (tmp_path / "a.md").read_text()
+    assert b2048["inductor_cache_warm_at_launch"] is None  # written before the field: unknown, not cold
     # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0); its
     # reruns completed (results/trainings), the crashed report is kept under device/
     assert by[(8, 256, "flashsac_opt", "compile", 1)]["completed"]
