@@ -120,7 +120,7 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert report["training_config"]["critic_updates_per_iteration"] == 2
     assert report["training_config"]["actor_updates_per_iteration"] == 1
     assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"
-    # the Inductor cache the training found at launch (set below): one file there, so a warm start
+    # the Inductor cache the training found at launch (set above): one file there, so a warm start
     assert report["inductor_cache_at_launch"] == {"dir": str(cache), "files": 1, "warm": True}
 
 
