@@ -390,16 +390,18 @@ class FlashSACLearner:
         # updating on another size gets correct but possibly slower updates. Say so once
         # (UniLab's runner did not pass its batch size before patch 0001 v3: a B256 run took
         # the split path chosen for the default 2048, ~5x slower in compile mode on the H200).
-        if bsz != self.cfg.batch_size and not self._warned_batch_size:
+        # (an explicit cfg.fused_update gives the same answer for every size: no warning; a
+        # size that would take the same path is no reason either, nor to stop watching)
+        if self._warned_batch_size or bsz == self.cfg.batch_size:
+            return
+        if self.fused_update != (self._fusable and self.cfg.use_fused_update_for(bsz)):
             self._warned_batch_size = True
-            # (an explicit cfg.fused_update gives the same answer for every size: no warning)
-            if self.fused_update != (self._fusable and self.cfg.use_fused_update_for(bsz)):
-                warnings.warn(
-                    f"updates on batches of {bsz} rows, but the learner was built for batch_size={self.cfg.batch_size}, "
-                    f"so it uses the {'fused' if self.fused_update else 'split'} update path meant for that size; "
-                    f"build it with batch_size={bsz} (or set fused_update) for the path measured faster at {bsz}",
-                    stacklevel=3,
-                )
+            warnings.warn(
+                f"updates on batches of {bsz} rows, but the learner was built for batch_size={self.cfg.batch_size}, "
+                f"so it uses the {'fused' if self.fused_update else 'split'} update path meant for that size; "
+                f"build it with batch_size={bsz} (or set fused_update) for the path measured faster at {bsz}",
+                stacklevel=3,
+            )
 
     def _end_iteration(self) -> None:
         self.iterations += 1

@@ -345,6 +345,12 @@ def test_updating_on_another_batch_size_than_configured_warns_once_about_the_upd
     learner = FlashSACLearner(cfg, **DIMS)
     assert not learner.fused_update
     batch = synthetic_batch(2 * 16, DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"], generator=torch.Generator().manual_seed(0))
+    # another size that takes the same (split) path: nothing to say, and the next one still counts
+    split_too = synthetic_batch(2 * 1100, DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"], generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings(record=True) as seen:  # (the first update compiles: torch's own warnings)
+        warnings.simplefilter("always")
+        learner.update(split_too)
+    assert not [w for w in seen if "built for batch_size" in str(w.message)]
     with pytest.warns(UserWarning, match=r"built for batch_size=2048.*batch_size=16"):
         learner.update(batch)
     with warnings.catch_warnings():
