@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     args.mode = args.mode or ("graph" if args.compile else "eager")
 
-    from flashsac_opt import unilab_patch
+    from flashsac_opt.unilab import patch as unilab_patch
 
     try:
         base = unilab_patch.locate_unilab(args.unilab_root)

@@ -56,7 +56,7 @@ def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> 
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.data_parallel import collective_bytes_per_iteration, state_digest
     from flashsac_opt.learner import FlashSACLearner
-    from flashsac_opt.oracle import synthetic_batch
+    from flashsac_opt.testing.oracle import synthetic_batch
     from flashsac_opt.replay import GPUReplay
 
     os.environ.update(NCCL_NVLS_ENABLE="0")

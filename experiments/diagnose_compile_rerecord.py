@@ -82,8 +82,8 @@ def tree_state(device: torch.device) -> dict:
 def run_variant(args, actions: tuple[str, ...]) -> dict:
     from torch._dynamo.utils import counters
 
-    from flashsac_opt.oracle import synthetic_batch
-    from flashsac_opt.unilab_adapter import build_unilab_learner
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab.adapter import build_unilab_learner
 
     device = torch.device(args.device)
     handler = RerecordLog()

@@ -32,7 +32,7 @@ from common import run_environment  # noqa: E402  (experiments/ is the script's 
 from flashsac_opt.config import FlashSACConfig  # noqa: E402
 from flashsac_opt.data_parallel import named_tensors  # noqa: E402
 from flashsac_opt.learner import FlashSACLearner  # noqa: E402
-from flashsac_opt.oracle import synthetic_batch  # noqa: E402
+from flashsac_opt.testing.oracle import synthetic_batch  # noqa: E402
 
 DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
 DEVICE = torch.device("cpu")  # set per rank

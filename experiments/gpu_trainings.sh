@@ -46,7 +46,7 @@ import os, shutil, sys
 from pathlib import Path
 sys.path.insert(0, "tests")
 from unilab_tree import add_g1_placeholders
-from flashsac_opt import unilab_patch
+from flashsac_opt.unilab import patch as unilab_patch
 deps = Path(os.environ["DEPS"])
 for name in ("stock", "patched"):
     site = Path("/tmp") / name

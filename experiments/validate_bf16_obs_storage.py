@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import COL, FlashSACLearner
-    from flashsac_opt.oracle import perturb_for_rounding_floor, relative_difference
+    from flashsac_opt.testing.oracle import perturb_for_rounding_floor, relative_difference
     from flashsac_opt.replay import GPUReplay
 
     rows = {k: v.to(args.device) for k, v in recorded["rows"].items()}

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from flashsac_opt.config import FlashSACConfig
-    from flashsac_opt.oracle import G1_DIMS, compare_with_unilab
+    from flashsac_opt.testing.oracle import G1_DIMS, compare_with_unilab
 
     if args.device == "cuda":
         # Exact fp32 on the GPU: no TF32 in either learner.
@@ -167,7 +167,7 @@ def compare_modes_main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from flashsac_opt.config import FlashSACConfig
-    from flashsac_opt.oracle import G1_DIMS, compare_modes
+    from flashsac_opt.testing.oracle import G1_DIMS, compare_modes
 
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch._dynamo.utils import counters
 
     from flashsac_opt.config import FlashSACConfig
-    from flashsac_opt.oracle import compare_modes
+    from flashsac_opt.testing.oracle import compare_modes
 
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False

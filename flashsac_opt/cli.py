@@ -54,7 +54,7 @@ def unilab(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flashsac_opt import unilab_patch
+    from flashsac_opt.unilab import patch as unilab_patch
 
     console = Console()
     try:

@@ -551,7 +551,7 @@ class FlashSACLearner:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(
                 f"not a flashsac_opt learner state (format {state.get('format')!r}); "
-                "convert UniLab checkpoints with flashsac_opt.unilab_compat.from_unilab_state_dict"
+                "convert UniLab checkpoints with flashsac_opt.unilab.compat.from_unilab_state_dict"
             )
         dims = {"obs": self.obs_dim, "critic_obs": self.critic_obs_dim, "action": self.action_dim}
         if state["dims"] != dims:

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.data_parallel import collective_bytes_per_iteration, named_tensors
 from flashsac_opt.learner import COL, FlashSACLearner
-from flashsac_opt.oracle import synthetic_batch
+from flashsac_opt.testing.oracle import synthetic_batch
 
 DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
 SMALL = dict(batch_size=16, updates_per_step=4, policy_frequency=2, actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21)

@@ -92,7 +92,7 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     """A real (tiny) G1 training through the CPU-admitting patch, stopped by --time-limit the
     way the device calls bound theirs: UniLab shuts down as on Ctrl-C and the JSON summarizes
     the iterations it logged."""
-    from flashsac_opt import unilab_patch
+    from flashsac_opt.unilab import patch as unilab_patch
     from unilab_tree import add_g1_placeholders
 
     unilab_patch.apply(site, include_optional=True)

@@ -11,7 +11,7 @@ from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import COL, FlashSACLearner
 from flashsac_opt.networks import FlashSACActor
 from flashsac_opt.objectives import CosineSchedule, categorical_projection, target_entropy
-from flashsac_opt.oracle import synthetic_batch
+from flashsac_opt.testing.oracle import synthetic_batch
 from flashsac_opt.reward_norm import RewardNormalizer
 
 DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}

@@ -6,7 +6,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import COL, FlashSACLearner
-from flashsac_opt.oracle import synthetic_batch
+from flashsac_opt.testing.oracle import synthetic_batch
 
 DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
 SMALL = dict(batch_size=16, updates_per_step=4, policy_frequency=2, actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21)
@@ -327,7 +327,7 @@ _CACHE_SCRIPT = """
 import json, sys, time, torch
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
-from flashsac_opt.oracle import synthetic_batch
+from flashsac_opt.testing.oracle import synthetic_batch
 cfg = FlashSACConfig(batch_size=256, updates_per_step=2, learner_mode="graph", compile_cache_file=sys.argv[1])
 batch = synthetic_batch(512, obs_dim=98, critic_obs_dim=101, action_dim=29, generator=torch.Generator().manual_seed(0), device="cuda")
 start = time.perf_counter()

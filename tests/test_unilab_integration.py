@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashsac_opt import unilab_patch
+from flashsac_opt.unilab import patch as unilab_patch
 from flashsac_opt.cli import main as cli_main
 
 from unilab_tree import add_g1_placeholders, copy_unilab
@@ -136,8 +136,8 @@ def test_adapter_serves_the_runner_surface_and_stock_unilab_loads_its_checkpoint
     from unilab.rl.algos.flash_sac.network import FlashSACActor as UniLabActor
     from unilab.rl.logging.metric_schema import normalize_metric_map
 
-    from flashsac_opt.oracle import synthetic_batch
-    from flashsac_opt.unilab_adapter import build_unilab_learner
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab.adapter import build_unilab_learner
 
     learner = build_unilab_learner(device="cpu", learner_mode="eager", **_unilab_kwargs())
     g = torch.Generator().manual_seed(0)
@@ -174,7 +174,7 @@ def test_adapter_serves_the_runner_surface_and_stock_unilab_loads_its_checkpoint
 
 
 def test_adapter_rejects_what_it_does_not_support(require_unilab):
-    from flashsac_opt.unilab_adapter import build_unilab_learner
+    from flashsac_opt.unilab.adapter import build_unilab_learner
 
     with pytest.raises(ValueError, match="learner_mode=graph needs a CUDA device"):
         build_unilab_learner(device="cpu", learner_mode="graph", **_unilab_kwargs())
@@ -251,7 +251,7 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                                capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-2000:]
-    code = "from flashsac_opt.unilab_patch import patches_dir, load_series; print(patches_dir()); print(len(load_series()))"
+    code = "from flashsac_opt.unilab.patch import patches_dir, load_series; print(patches_dir()); print(len(load_series()))"
     found = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(site)), cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr[-2000:]

@@ -7,8 +7,8 @@ import torch
 
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
-from flashsac_opt.oracle import G1_DIMS, compare_with_unilab, synthetic_batch, unilab_iteration, unilab_learner
-from flashsac_opt.unilab_compat import from_unilab_state_dict, to_unilab_state_dict
+from flashsac_opt.testing.oracle import G1_DIMS, compare_with_unilab, synthetic_batch, unilab_iteration, unilab_learner
+from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
 
 pytestmark = pytest.mark.unilab
 TOL = 1e-5

@@ -18,7 +18,7 @@ import torch
 
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import COL, FlashSACLearner
-from flashsac_opt.unilab_compat import from_unilab_state_dict, to_unilab_state_dict
+from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
 
 G1_DIMS = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
 

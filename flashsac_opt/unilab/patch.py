@@ -54,7 +54,7 @@ class Patch:
 
 def patches_dir() -> Path:
     here = Path(__file__).resolve().parent
-    for candidate in (here / "patches", here.parent / "patches"):
+    for candidate in (here / "patches", here.parents[1] / "patches"):
         if (candidate / "series.json").is_file():
             return candidate
     raise PatchError("flashsac_opt's patches/ directory (series.json) was not found next to the package")

@@ -27,7 +27,7 @@ import torch
 
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
-from flashsac_opt.unilab_compat import from_unilab_state_dict, to_unilab_state_dict
+from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
 
 # Set to "PATH:N" to save the first N large batches the runtime hands to update_cycle (real
 # replay samples, moved to CPU) to PATH: the input of experiments/validate_replay_stability.py.

@@ -1,0 +1,1 @@
+"""UniLab-facing code: the adapter UniLab's runner drives, checkpoint conversion, the patch tool."""
