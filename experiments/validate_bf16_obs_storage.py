@@ -23,7 +23,7 @@ import torch
 from common import load_replay_file, run_environment, write_report
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_REPLAY = REPO / "results" / "replay_g1_cpu.pt"
+DEFAULT_REPLAY = REPO / "tests" / "data" / "replay_g1_cpu.pt"
 
 
 def plot(report: dict, path: Path) -> None:

@@ -2,7 +2,7 @@
 
 The replay file holds rows UniLab's own G1 training sampled from its replay buffer (record
 one with FLASHSAC_OPT_RECORD_REPLAY=PATH:N and benchmark_flashsac_training.py; the committed
-results/replay_g1_cpu.pt came from a CPU run, see FLASH_SAC_OPTIMIZATION.md). Each iteration
+tests/data/replay_g1_cpu.pt came from a CPU run, see FLASH_SAC_OPTIMIZATION.md). Each iteration
 draws a fresh large batch from those rows (seeded), and the learner under test (default
 `graph`), an eager learner and an eager "rounding floor" learner (critic weights perturbed
 by 1e-7 once) all take the same batches and RNG state.
@@ -29,7 +29,7 @@ import torch
 from common import load_replay_file, run_environment, write_report
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_REPLAY = REPO / "results" / "replay_g1_cpu.pt"
+DEFAULT_REPLAY = REPO / "tests" / "data" / "replay_g1_cpu.pt"
 WARMUP = 5
 
 

@@ -25,7 +25,7 @@ def test_benchmark_rejects_bad_options_and_needs_cuda():
 
 
 def test_benchmark_plot_only_redraws_a_committed_result(tmp_path):
-    source = REPO / "results" / "benchmark_learner_W1_side_by_side.json"
+    source = REPO / "results" / "learner_benchmark" / "benchmark_learner_side_by_side_W1.json"
     out = tmp_path / "chart.png"
     done = run("benchmark_learner.py", "--plot-only", str(source), "--plot", str(out))
     assert done.returncode == 0, done.stderr
@@ -349,12 +349,12 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert f"| {b2048['first_learner_iteration_s']:.0f} (warm cache) |" in (tmp_path / "a.md").read_text()
     assert b2048["inductor_cache_warm_at_launch"] is None  # written before the field: unknown, not cold
     # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0); its
-    # reruns completed (results/trainings), the crashed report is kept under device/
+    # reruns completed (results/trainings), the crashed report is kept under raw/
     assert by[(8, 256, "flashsac_opt", "compile", 1)]["completed"]
-    crashed_file = REPO / "results" / "device" / "training_u8_b256_flashsac_opt_compile_s1_crashed_2026-11-29_s5.json"
+    crashed_file = REPO / "results" / "trainings" / "raw" / "training_u8_b256_flashsac_opt_compile_s1_crashed_2026-11-29.json"
     done = run("summarize_trainings.py", str(crashed_file), "--output", str(tmp_path / "c.json"), "--markdown", str(md))
     assert done.returncode == 0, done.stderr
     (crashed,) = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert not crashed["completed"] and not crashed["stopped_by_time_limit"] and "ended early" in md.read_text()
-    bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
+    bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr
