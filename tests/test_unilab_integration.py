@@ -259,19 +259,20 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
     assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == 2
 
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", [0, 1, 2])
 def test_an_earlier_version_of_the_patch_is_upgraded_or_reverted(site, version):
-    """Files as a previous flashsac_opt's 0001 left them (v1, v2): status says so, apply
+    """Files as a previous flashsac_opt's 0001 left them (v1, v2, v3): status says so, apply
     upgrades them to exactly what a fresh apply writes, revert restores UniLab's originals."""
     series = unilab_patch.load_series()
     current = series[0]
-    assert len(current.earlier) == 2
+    assert len(current.earlier) == 3
     old = current.earlier[version]
     originals = {f.path: (site / f.path).read_bytes() for f in current.files}
     for f in old.files:  # what the earlier flashsac_opt wrote
         (site / f.path).write_text(unilab_patch._apply_hunks((site / f.path).read_text(), f.hunks, reverse=False))
     assert unilab_patch.patch_state(site, current)[0] == "applied-earlier"
-    unilab_patch.apply(site)
+    assert cli_main(["unilab", "status", "--root", str(site)]) == 0
+    assert cli_main(["unilab", "apply", "--root", str(site)]) == 0  # the upgrade, as a user runs it
     assert unilab_patch.patch_state(site, current)[0] == "applied"
     upgraded = {f.path: (site / f.path).read_bytes() for f in current.files}
     unilab_patch.revert(site)
@@ -283,3 +284,36 @@ def test_an_earlier_version_of_the_patch_is_upgraded_or_reverted(site, version):
         (site / f.path).write_text(unilab_patch._apply_hunks((site / f.path).read_text(), f.hunks, reverse=False))
     unilab_patch.revert(site)
     assert {f.path: (site / f.path).read_bytes() for f in current.files} == originals
+
+
+def _learner_import(source: str) -> str:
+    """The import statement patch 0001 puts into UniLab's double_buffer.py."""
+    (line,) = [ln.strip() for ln in source.splitlines() if "import build_unilab_learner" in ln]
+    return line
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_a_tree_patched_by_an_earlier_version_fails_with_a_clear_error(site, version):
+    """v1-v3 import flashsac_opt.unilab_adapter at train time: that now raises an error that
+    says to upgrade the patch (not a bare ModuleNotFoundError); v4's import works."""
+    from flashsac_opt.unilab_adapter import OutdatedUniLabPatchError
+
+    current = unilab_patch.load_series()[0]
+    target = site / "unilab/rl/algos/flash_sac/double_buffer.py"
+    original = target.read_text()
+    (old_file,) = [f for f in current.earlier[version].files if f.path.endswith("double_buffer.py")]
+    statement = _learner_import(unilab_patch._apply_hunks(original, old_file.hunks, reverse=False))
+    assert "flashsac_opt.unilab_adapter" in statement
+    namespace: dict = {}
+    exec(statement, namespace)  # what the patched runner executes with learner_impl=flashsac_opt
+    with pytest.raises(OutdatedUniLabPatchError, match=r"earlier flashsac_opt patch.*flashsac-opt unilab apply"):
+        namespace["build_unilab_learner"](device="cpu", learner_mode="eager", **_unilab_kwargs())
+    with pytest.raises(OutdatedUniLabPatchError, match="flashsac-opt unilab apply"):
+        exec("from flashsac_opt.unilab_adapter import UniLabFlashSACLearner", {})
+
+    (new_file,) = [f for f in current.files if f.path.endswith("double_buffer.py")]
+    namespace = {}
+    exec(_learner_import(unilab_patch._apply_hunks(original, new_file.hunks, reverse=False)), namespace)
+    from flashsac_opt.unilab.adapter import build_unilab_learner
+
+    assert namespace["build_unilab_learner"] is build_unilab_learner
