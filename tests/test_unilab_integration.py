@@ -3,6 +3,7 @@
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -317,3 +318,166 @@ def test_a_tree_patched_by_an_earlier_version_fails_with_a_clear_error(site, ver
     from flashsac_opt.unilab.adapter import build_unilab_learner
 
     assert namespace["build_unilab_learner"] is build_unilab_learner
+
+
+# ------------------------------------------------------------------ CLI output and errors
+def _failing_replace(fail_on: int):
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == fail_on:
+            raise PermissionError(13, "Permission denied", str(dst))
+        real_replace(src, dst)
+
+    return replace
+
+
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_cli_reports_a_write_failure_in_one_line_and_changes_nothing(site, monkeypatch, capsys, action):
+    """A file that cannot be written (read-only directory, immutable file): one line naming the
+    file and the reason, a non-zero exit, and every file as it was (rolled back)."""
+    if action == "revert":
+        unilab_patch.apply(site, include_optional=True)
+    before = tree_digest(site)
+    monkeypatch.setattr(unilab_patch.os, "replace", _failing_replace(fail_on=2))
+    code = cli_main(["unilab", action, "--root", str(site), "--with-cpu-smoke"] if action == "apply"
+                    else ["unilab", action, "--root", str(site)])
+    monkeypatch.undo()
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    changed = sorted(unilab_patch.apply(site, include_optional=True, dry_run=True) if action == "apply"
+                     else unilab_patch.revert(site, dry_run=True))
+    second = [path for path in changed if path in lines[0]]
+    assert len(second) == 1 and "Permission denied" in lines[0] and "nothing changed" in lines[0], lines[0]
+    assert str(site) in lines[0]  # the full path of the file, not only its name
+    assert tree_digest(site) == before
+
+
+def test_status_identifies_the_version_by_file_hashes_without_metadata(checkout, capsys):
+    """A checkout's src/ without dist-info or pyproject.toml: the patched files' hashes say 1.5.2."""
+    (checkout / "pyproject.toml").unlink()
+    report = unilab_patch.status(checkout)
+    assert (report["version"], report["version_source"]) == ("1.5.2", "identified by file hashes")
+    unilab_patch.apply(checkout)  # patched files are known 1.5.2 hashes too
+    assert unilab_patch.status(checkout)["version"] == "1.5.2"
+    assert cli_main(["unilab", "status", "--root", str(checkout)]) == 0
+    assert "UniLab 1.5.2 (identified by file hashes)" in " ".join(capsys.readouterr().out.split())
+    target = checkout / "src/unilab/rl/runtime/ipc/replay_pipelines/device.py"
+    target.write_text(target.read_text() + "# local change\n")
+    report = unilab_patch.status(checkout)
+    assert report["version"] is None
+    assert "no package metadata or pyproject.toml" in report["version_source"]
+    assert "unilab/rl/runtime/ipc/replay_pipelines/device.py (unknown hash)" in report["version_source"]
+
+
+def test_status_is_readable_at_80_columns(site, monkeypatch, capsys):
+    """No line wider than 80 characters whatever the terminal says, and nothing folded: every
+    file path and state on one line, descriptions complete."""
+    monkeypatch.setenv("COLUMNS", "200")
+    unilab_patch.apply(site, include_optional=True)
+    current = unilab_patch.load_series()[0]
+    for f in current.earlier[2].files:  # 0001 as v3 left it: the longest state, applied-earlier
+        (site / f.path).write_text(unilab_patch._apply_hunks(
+            unilab_patch._apply_hunks((site / f.path).read_text(), next(c for c in current.files if c.path == f.path).hunks, reverse=True),
+            f.hunks, reverse=False))
+    (next(site.glob("unilab-*.dist-info")) / "METADATA").unlink()  # a long "version unknown" reason too
+    target = site / "unilab/rl/runtime/ipc/replay_pipelines/transfer/factory.py"
+    target.write_text(target.read_text() + "# local change\n")
+    assert cli_main(["unilab", "status", "--root", str(site)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    report = unilab_patch.status(site)
+    for patch in report["patches"]:
+        for path, state in patch["files"].items():
+            assert any(line.split() == [state, path] for line in lines), (path, state, out)
+        assert patch["description"].split() == " ".join(
+            lines[lines.index(f"{patch['name']}{' (optional)' if patch['optional'] else ''}: {patch['state']}") + 1:]
+        ).split()[: len(patch["description"].split())]
+    assert "version unknown" in out and "factory.py (unknown hash)" in out
+
+
+# ------------------------------------------------------------------ placeholder meshes
+def _g1(site: Path) -> Path:
+    return site / "unilab" / "assets" / "robots" / "g1"
+
+
+def test_placeholder_meshes_checks_then_creates_only_missing_files(site, capsys):
+    import mujoco
+
+    from flashsac_opt.unilab import assets
+
+    g1 = _g1(site)
+    mesh_names = sorted(set(re.findall(r'file="([^"]+\.STL)"', (g1 / "g1.xml").read_text())))
+    assert len(mesh_names) == 35
+    (g1 / "assets").mkdir()
+    real = assets.tetrahedron_stl(0.2)  # stands for a real mesh already downloaded
+    (g1 / "assets" / "pelvis.STL").write_bytes(real)
+
+    assert cli_main(["unilab", "placeholder-meshes", "--root", str(site), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (g1 / "assets").iterdir()) == ["pelvis.STL"] and not (g1 / "textures").exists()
+    assert out.count("would create: ") == 35  # 34 meshes + the floor.png marker
+
+    assert cli_main(["unilab", "placeholder-meshes", "--root", str(site)]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    flat = " ".join(out.split())
+    for claim in ("physics is unchanged", "no robot body", "kept, never overwritten: 1", "created: textures/floor.png",
+                  "scene_flat.xml", "g1.xml"):
+        assert claim in flat, (claim, out)
+    assert sorted(p.name for p in (g1 / "assets").iterdir()) == mesh_names
+    assert (g1 / "assets" / "pelvis.STL").read_bytes() == real  # the real mesh was not overwritten
+    assert all((g1 / "assets" / n).read_bytes() == assets.PLACEHOLDER for n in mesh_names if n != "pelvis.STL")
+    assert (g1 / "textures" / "floor.png").read_bytes().startswith(b"\x89PNG")
+    model = mujoco.MjModel.from_xml_path(str(g1 / "scene_flat.xml"))  # what UniLab loads: compiles now
+    meshes = model.geom_type == mujoco.mjtGeom.mjGEOM_MESH
+    assert meshes.sum() == 35 and not model.geom_contype[meshes].any() and not model.geom_conaffinity[meshes].any()
+
+    before = tree_digest(site)
+    assert cli_main(["unilab", "placeholder-meshes", "--root", str(site)]) == 0  # again: nothing to do
+    assert "created:" not in capsys.readouterr().out and tree_digest(site) == before
+
+
+@pytest.mark.parametrize("how", ["geom attribute", "default class"])
+def test_placeholder_meshes_refuses_when_a_mesh_geom_can_collide(site, capsys, how):
+    g1 = _g1(site)
+    xml = (g1 / "g1.xml").read_text()
+    if how == "geom attribute":
+        old = '<geom class="visual" material="black" mesh="pelvis"/>'
+        new = '<geom class="visual" material="black" mesh="pelvis" contype="1"/>'
+    else:  # every geom of the "visual" class inherits it
+        old = 'material="silver" contype="0" conaffinity="0"/>'
+        new = 'material="silver" contype="0" conaffinity="1"/>'
+    assert xml.count(old) == 1
+    (g1 / "g1.xml").write_text(xml.replace(old, new))
+    before = tree_digest(site)
+    assert cli_main(["unilab", "placeholder-meshes", "--root", str(site)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "can collide" in err and "mesh pelvis," in err and "nothing written" in err, err
+    assert tree_digest(site) == before and not (g1 / "assets").exists() and not (g1 / "textures").exists()
+
+
+def test_placeholder_meshes_write_failure_leaves_nothing_behind(site, monkeypatch, capsys):
+    from flashsac_opt.unilab import assets
+
+    g1, calls = _g1(site), []
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device", str(path))
+        return open(path, mode, *args, **kwargs)
+
+    before = tree_digest(site)
+    monkeypatch.setattr(assets, "open", failing_open, raising=False)
+    assert cli_main(["unilab", "placeholder-meshes", "--root", str(site)]) == 1
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(calls[2]) in err and "No space left on device" in err, err
+    assert tree_digest(site) == before and not (g1 / "assets").exists() and not (g1 / "textures").exists()

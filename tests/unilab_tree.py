@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import re
 import shutil
-import struct
-import zlib
 from pathlib import Path
+
+from flashsac_opt.unilab.assets import placeholder_meshes
 
 
 def installed_unilab() -> Path:
@@ -25,34 +24,6 @@ def copy_unilab(dest: Path) -> Path:
     return dest
 
 
-def _tetrahedron_stl() -> bytes:
-    # MuJoCo needs >= 4 vertices per mesh. The G1 meshes are visual only (density 0,
-    # contype 0), so tiny placeholders give the same physics as the real ones.
-    v = [(0, 0, 0), (0.001, 0, 0), (0, 0.001, 0), (0, 0, 0.001)]
-    faces = [(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)]
-    out = b"\0" * 80 + struct.pack("<I", len(faces))
-    for face in faces:
-        out += struct.pack("<3f", 0, 0, 0) + b"".join(struct.pack("<3f", *v[i]) for i in face) + struct.pack("<H", 0)
-    return out
-
-
-def _png(width: int, height: int) -> bytes:
-    raw = b"".join(b"\x00" + b"\x80\x80\x80" * width for _ in range(height))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-
-
 def add_g1_placeholders(pkg: Path) -> Path:
-    """Placeholder meshes + the floor texture UniLab uses as its 'assets complete' marker."""
-    g1 = pkg / "assets" / "robots" / "g1"
-    (g1 / "assets").mkdir(exist_ok=True)
-    (g1 / "textures").mkdir(exist_ok=True)
-    names = set(re.findall(r'file="([^"]+\.[sS][tT][lL])"', (g1 / "g1.xml").read_text()))
-    for name in names:
-        (g1 / "assets" / name).write_bytes(_tetrahedron_stl())
-    (g1 / "textures" / "floor.png").write_bytes(_png(4, 4))
-    return g1 / "scene_flat.xml"
+    """`flashsac-opt unilab placeholder-meshes` on the unilab package dir pkg; the G1 scene path."""
+    return placeholder_meshes(pkg).scene

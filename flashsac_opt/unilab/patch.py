@@ -35,6 +35,24 @@ class PatchError(RuntimeError):
     """A refusal: the message says why; no file was changed."""
 
 
+class PatchWriteError(OSError):
+    """Writing a file failed (read-only directory, immutable file, full disk, ...).
+
+    ``path`` is the file being written, ``reason`` the operating system's reason. The files
+    already replaced were restored from memory unless ``unrestored`` names some.
+    """
+
+    def __init__(self, path: Path, reason: str, unrestored: list[tuple[Path, str]] | None = None):
+        self.path, self.reason, self.unrestored = path, reason, unrestored or []
+        message = f"could not write {path}: {reason}"
+        if self.unrestored:
+            failed = "; ".join(f"{p} ({why})" for p, why in self.unrestored)
+            message += f"; restoring these already written files also failed, restore them from UniLab {SUPPORTED_VERSION}: {failed}"
+        else:
+            message += "; nothing changed"
+        super().__init__(message)
+
+
 @dataclass
 class FilePatch:
     path: str  # relative to the directory holding the `unilab` package
@@ -146,16 +164,50 @@ def locate_unilab(root: str | Path | None) -> Path:
 
 def unilab_version(base: Path) -> str | None:
     """Version from the installed metadata or a checkout's pyproject.toml (None if unknown)."""
+    return _declared_version(base)[0]
+
+
+def _declared_version(base: Path) -> tuple[str | None, str]:
+    """(version, where it was read) from package metadata or pyproject.toml; (None, "") if neither."""
     for meta in sorted(base.glob("unilab-*.dist-info/METADATA")):
         for line in meta.read_text().splitlines():
             if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip(), "from package metadata"
     for pyproject in (base.parent / "pyproject.toml", base / "pyproject.toml"):
         if pyproject.is_file():
             match = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
             if match:
-                return match.group(1)
-    return None
+                return match.group(1), "from pyproject.toml"
+    return None, ""
+
+
+def identify_version(base: Path, series: list[Patch] | None = None) -> tuple[str | None, str]:
+    """(version, how it was identified). Without package metadata or a pyproject.toml, the
+    files the patches touch decide: each matching a known UniLab 1.5.2 hash (original, patched,
+    or patched by an earlier version of a patch) identifies 1.5.2; otherwise the reason says
+    which files did not match."""
+    version, source = _declared_version(base)
+    if version is not None:
+        return version, source
+    series = load_series() if series is None else series
+    known: dict[str, set[str]] = {}
+    for patch in series:
+        for f in patch.files:
+            known.setdefault(f.path, set()).update((f.original_sha256, f.patched_sha256))
+        for old in patch.earlier:
+            for f in old.files:
+                known.setdefault(f.path, set()).add(f.patched_sha256)
+    unmatched = []
+    for path, hashes in known.items():
+        digest = _sha(base / path)
+        if digest not in hashes:
+            unmatched.append(f"{path} ({'missing' if digest is None else 'unknown hash'})")
+    if not unmatched:
+        return SUPPORTED_VERSION, "identified by file hashes"
+    return None, (
+        f"no package metadata or pyproject.toml, and {len(unmatched)} of the {len(known)} files the "
+        f"patches touch match no UniLab {SUPPORTED_VERSION} hash: {', '.join(unmatched)}"
+    )
 
 
 def _sha(path: Path) -> str | None:
@@ -191,8 +243,10 @@ def patch_state(base: Path, patch: Patch) -> tuple[str, dict[str, str]]:
 
 def status(root: str | Path | None = None) -> dict:
     base = locate_unilab(root)
-    report = {"unilab_dir": str(base / "unilab"), "version": unilab_version(base), "patches": []}
-    for patch in load_series():
+    series = load_series()
+    version, version_source = identify_version(base, series)
+    report = {"unilab_dir": str(base / "unilab"), "version": version, "version_source": version_source, "patches": []}
+    for patch in series:
         state, files = patch_state(base, patch)
         report["patches"].append({"name": patch.name, "optional": patch.optional, "state": state, "files": files, "description": patch.description})
     return report
@@ -244,9 +298,12 @@ def _plan(base: Path, patches: list[Patch], reverse: bool) -> dict[Path, tuple[b
 
 
 def _write_all(plan: dict[Path, tuple[bytes, bytes]]) -> None:
+    """Replace every file or none; an OSError becomes a PatchWriteError naming the file."""
     done: list[Path] = []
+    current: Path | None = None
     try:
         for path, (_old, new) in plan.items():
+            current = path
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".flashsac_opt")
             try:
                 with os.fdopen(fd, "wb") as handle:
@@ -257,9 +314,15 @@ def _write_all(plan: dict[Path, tuple[bytes, bytes]]) -> None:
                 if os.path.exists(tmp):  # the replace did not happen: leave no temp file behind
                     os.unlink(tmp)
             done.append(path)
-    except BaseException:
+    except BaseException as exc:
+        unrestored = []
         for path in done:  # roll back: all files or none
-            path.write_bytes(plan[path][0])
+            try:
+                path.write_bytes(plan[path][0])
+            except OSError as again:
+                unrestored.append((path, again.strerror or str(again)))
+        if isinstance(exc, OSError) and current is not None:
+            raise PatchWriteError(current, exc.strerror or str(exc), unrestored) from exc
         raise
 
 
