@@ -1,9 +1,11 @@
-"""FlashSAC configuration with UniLab's names and defaults.
+"""FlashSAC configuration in two groups: UniLab's hyperparameters and flashsac_opt's engine options.
 
-Field names are the keys of ``algo`` / ``algo.algo_params`` in UniLab 1.5.2's
-``conf/flashsac/config.yaml``; defaults are that file's values. ``from_unilab`` accepts
-the YAML file, a composed Hydra/omegaconf config or a plain mapping, so a UniLab run
-configuration and a flashsac_opt run configuration are the same object.
+``UniLabHyperparameters``: field names are the keys of ``algo`` / ``algo.algo_params`` in
+UniLab 1.5.2's ``conf/flashsac/config.yaml`` (plus ``training.use_amp``); defaults are that
+file's values. ``EngineOptions``: how flashsac_opt runs the same mathematics (mode, compiler,
+caches); patch 0001 adds the UniLab-facing ones to UniLab's config. ``FlashSACConfig`` is both,
+flat, so a UniLab run configuration and a flashsac_opt one are the same object:
+``from_unilab`` accepts the YAML file, a composed Hydra/omegaconf config or a plain mapping.
 """
 
 from __future__ import annotations
@@ -11,17 +13,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-if TYPE_CHECKING:
-    import torch
-
-LEARNER_MODES = ("eager", "compile", "graph")
-FUSED_UPDATE_MAX_BATCH = 1024
+from flashsac_opt.engine import check_mode
 
 
 @dataclass
-class FlashSACConfig:
+class UniLabHyperparameters:
+    """UniLab's FlashSAC hyperparameters, names and defaults as in its config.yaml."""
+
     # algo.*
     num_envs: int = 1024
     batch_size: int = 2048
@@ -62,12 +62,18 @@ class FlashSACConfig:
     amp_dtype: str = "auto"
     # training.use_amp
     use_amp: bool = True
-    # flashsac_opt's own knob (added to UniLab's config by the patch)
+
+
+@dataclass
+class EngineOptions:
+    """How flashsac_opt runs the update (engine.py); none of these changes the mathematics."""
+
+    # eager | compile | graph (engine.py says what each runs); patch 0001 adds it to UniLab's config.
     learner_mode: str = "eager"
     # torch.compile backend for the compiled modes ("inductor"; "aot_eager" for debugging)
     compile_backend: str = "inductor"
     # Extra Inductor options for the compiled modes, over flashsac_opt's defaults
-    # (compile.inductor_options: graph mode on CUDA turns on combo_kernels).
+    # (engine.inductor_options: graph mode on CUDA turns on combo_kernels).
     # {"coordinate_descent_tuning": True} tunes launch configs for minutes of compile (0.96x);
     # {"aggressive_fusion": True} measured 0.97-1.02x (results/benchmark_learner_study_W1_W3.json).
     inductor_options: dict | None = None
@@ -78,8 +84,9 @@ class FlashSACConfig:
     compile_cache_file: str | None = None
     # One compile boundary per network update: forward, backward (torch.func), finite
     # guard, Adam, renormalization and commits in one graph. False: loss and step compiled
-    # apart (autograd between). None: fused when batch_size <= FUSED_UPDATE_MAX_BATCH.
-    # Applies to the compiled modes; eager always runs the split form.
+    # apart (autograd between). None: fused when the first batch has at most
+    # engine.FUSED_UPDATE_MAX_BATCH rows per update. Applies to the compiled modes; eager and
+    # data parallel run the split form.
     # Measured on the H200 (FLASH_SAC_OPTIMIZATION.md): fused is faster at batch 256 (fewer
     # kernels), slower at 2048/8192, where the single graph keeps more forward activations
     # for the backward than AOTAutograd's recomputing partitioner does.
@@ -99,9 +106,13 @@ class FlashSACConfig:
     # where that was seen, i.e. compiled modes on CUDA; eager and CPU ranks are exact without it.
     dp_broadcast_params: bool | None = None
 
+
+@dataclass
+class FlashSACConfig(EngineOptions, UniLabHyperparameters):
+    """UniLab's hyperparameters and flashsac_opt's engine options, as one flat config."""
+
     def __post_init__(self) -> None:
-        if self.learner_mode not in LEARNER_MODES:
-            raise ValueError(f"learner_mode must be one of {LEARNER_MODES}, got {self.learner_mode!r}")
+        check_mode(self.learner_mode)
         if self.amp_dtype.lower() not in ("auto", "bf16", "fp16"):
             raise ValueError(f"amp_dtype must be auto, bf16 or fp16, got {self.amp_dtype!r}")
         if self.n_step != 1:
@@ -113,21 +124,6 @@ class FlashSACConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_atoms < 2 or self.critic_max_v <= self.critic_min_v:
             raise ValueError("the critic support needs num_atoms >= 2 and critic_max_v > critic_min_v")
-
-    def broadcasts_params(self, device: torch.device) -> bool:
-        """Whether a data-parallel learner on ``device`` broadcasts rank 0's parameters."""
-        if self.dp_broadcast_params is None:
-            return self.learner_mode != "eager" and device.type == "cuda"
-        return bool(self.dp_broadcast_params)
-
-    @property
-    def use_fused_update(self) -> bool:
-        return self.use_fused_update_for(self.batch_size)
-
-    def use_fused_update_for(self, batch_size: int) -> bool:
-        if self.fused_update is None:
-            return batch_size <= FUSED_UPDATE_MAX_BATCH
-        return bool(self.fused_update)
 
     @property
     def peak_lr(self) -> float:

@@ -37,6 +37,18 @@ import torch
 import torch.distributed as dist
 
 
+def broadcasts_params(option: bool | None, compiled: bool, device: torch.device) -> bool:
+    """Whether a data-parallel learner broadcasts rank 0's parameters every iteration.
+
+    ``option`` is the config's ``dp_broadcast_params``; None means: where the compiled optimizer
+    step was seen to round differently on two GPUs, i.e. compiled modes on CUDA (eager and CPU
+    ranks stay bit-identical without it).
+    """
+    if option is None:
+        return compiled and device.type == "cuda"
+    return bool(option)
+
+
 class RankAverager:
     """Collectives of a data-parallel learner over one process group."""
 

@@ -9,12 +9,15 @@ Host synchronization: none inside ``update``. Metrics go to a preallocated devic
 (one row per update plus one row of running totals); ``read_metrics`` is the single
 device-to-host copy per iteration. A non-finite loss or gradient skips that optimizer
 step (and the BN statistics and target update that depend on it) on the device.
+
+The learner is state (networks, optimizer moments, reward statistics), the pieces of one
+update (pure loss functions and guarded steps), one iteration function, metrics and
+checkpoints. How the iteration runs (eager, compiled, captured) is ``engine.Engine``'s.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import asdict
 
 import torch
@@ -28,15 +31,8 @@ from flashsac_opt.objectives import (
     target_entropy,
     temperature_loss_and_grad,
 )
-from flashsac_opt.compile import (
-    build_update_functions,
-    load_compile_cache,
-    mark_static,
-    persistent_state,
-    save_compile_cache,
-)
 from flashsac_opt.devices import resolve_device
-from flashsac_opt.graph import WholeCycleGraph
+from flashsac_opt.engine import Engine, NetworkUpdate, Schedule, mark_static
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
 
@@ -131,7 +127,7 @@ class FlashSACLearner:
         # UniLab's checkpoint field update_count, carried through conversions (UniLab's own
         # learner never advances it; its runner keeps the count in the adapter).
         self.unilab_update_count = 0
-        self._last_schedule: tuple[int, int, int, bool] | None = None
+        self._last_schedule: Schedule | None = None
         self._single_metrics: torch.Tensor | None = None
         self.averager = None
         if process_group is not None and process_group is not False:
@@ -143,18 +139,55 @@ class FlashSACLearner:
                 [self.actor.params.data, self.actor.bn_stats, self.critic.params.data, self.critic.bn_stats,
                  self.target_critic.params.data, self.target_critic.bn_stats, self.temperature.log_temp.data]
             )
-        # Fused only where it is compiled (in eager, torch.func's per-op wrapping is pure
-        # overhead: slower in an ad-hoc CPU check); data parallel puts its collective between loss and
-        # step, so it uses the split form.
-        compiled = cfg.learner_mode != "eager"
-        self.broadcast_params = self.averager is not None and cfg.broadcasts_params(self.device)
-        self._fusable = self.averager is None and compiled
-        self.fused_update = cfg.use_fused_update and self._fusable
-        self._warned_batch_size = False
-        self.compile_cache_loaded = bool(compiled and cfg.compile_cache_file and load_compile_cache(cfg.compile_cache_file))
-        self._save_compile_cache = bool(compiled and cfg.compile_cache_file and not self.compile_cache_loaded)
-        self._fn = build_update_functions(self)
-        self._graph = WholeCycleGraph(self) if cfg.learner_mode == "graph" else None
+        self.engine = Engine(
+            cfg.learner_mode,
+            self.device,
+            updates={
+                "critic": NetworkUpdate(self.critic.params, self._critic_step, self._critic_loss, self._critic_apply),
+                "actor": NetworkUpdate(self.actor.params, self._actor_step, self._actor_loss, self._actor_apply),
+            },
+            iteration=self._iteration,
+            state=self._state_tensors(),
+            backend=cfg.compile_backend,
+            inductor_options=cfg.inductor_options,
+            fused_update=cfg.fused_update,
+            reduce=self.averager.average if self.averager is not None else None,
+            compile_cache_file=cfg.compile_cache_file,
+        )
+        self.broadcast_params = False
+        if self.averager is not None:
+            from flashsac_opt.data_parallel import broadcasts_params
+
+            self.broadcast_params = broadcasts_params(cfg.dp_broadcast_params, self.engine.compiled, self.device)
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor an iteration changes in place (all with fixed addresses)."""
+        tensors = [
+            self.actor.params,
+            self.actor.bn_stats,
+            self.critic.params,
+            self.critic.bn_stats,
+            self.target_critic.params,
+            self.target_critic.bn_stats,
+            self.temperature.log_temp,
+            self.totals,
+            self.tau,
+        ]
+        for adam in (self.actor_adam, self.critic_adam, self.temperature_adam):
+            tensors += list(adam.tensors().values())
+        if self.reward_normalizer is not None:
+            rn = self.reward_normalizer
+            tensors += [rn.mean, rn.var, rn.count, rn.abs_max]
+        return tensors
+
+    @property
+    def fused_update(self) -> bool | None:
+        """Whether each network update is one compiled function (None until the first batch)."""
+        return self.engine.fused_update
+
+    @property
+    def compile_cache_loaded(self) -> bool:
+        return self.engine.compile_cache_loaded
 
     # ----------------------------------------------------------------- boundary
     def validate_batch(self, batch: dict[str, torch.Tensor], updates_per_step: int) -> int:
@@ -193,8 +226,10 @@ class FlashSACLearner:
                 raise ValueError(
                     f"batch[{name!r}]: expected shape {' or '.join(str(e) for e in expected)}, got {tuple(t.shape)}"
                 )
-            if not t.is_floating_point():
-                raise ValueError(f"batch[{name!r}]: expected a floating-point dtype (float32), got {t.dtype}")
+            # float32 only, checked before any state changes: another dtype would fail (float64
+            # in batch_norm) or round silently (bfloat16) in the middle of an iteration.
+            if t.dtype != torch.float32:
+                raise ValueError(f"batch[{name!r}]: expected dtype torch.float32, got {t.dtype} (convert with .float())")
             if t.device != self.device:
                 raise ValueError(f"batch[{name!r}]: expected device {self.device}, got {t.device}")
         return rows // updates_per_step
@@ -302,31 +337,13 @@ class FlashSACLearner:
         grad, (loss, (entropy, actor_stats)) = torch.func.grad_and_value(loss_and_aux, has_aux=True)(self.actor.params)
         return self._actor_apply(grad, loss, entropy, actor_stats)
 
-    def _network_update(self, name: str, params: torch.Tensor, b: dict[str, torch.Tensor], noise: torch.Tensor, *step_args) -> torch.Tensor:
-        """One update of network ``name`` ("critic" or "actor"); returns its metric values.
-
-        Fused: one compiled graph (``{name}_step``). Split: ``{name}_loss``, autograd, the
-        ranks' average when data parallel, then ``{name}_apply`` on (grad, *loss outputs).
-        """
-        if self.fused_update:
-            # torch.func computes the gradient whatever the outer grad mode; no_grad keeps
-            # AOTAutograd from also building an outer backward for the compiled step.
-            with torch.no_grad():
-                return self._fn[f"{name}_step"](b, noise, *step_args)
-        out = self._fn[f"{name}_loss"](b, noise)  # (loss, *statistics) as a NamedTuple
-        (grad,) = torch.autograd.grad(out.loss, params)
-        inputs = [grad, *out]
-        if self.averager is not None:
-            inputs = self.averager.average(*inputs)
-        return self._fn[f"{name}_apply"](*inputs, *step_args)
-
-    def _critic_update(self, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
+    def _critic_update(self, updates, b: dict[str, torch.Tensor], row: torch.Tensor, polyak: bool) -> None:
         noise = self._noise(b["actions"].shape[0])
-        row[: COL["critic_applied"] + 1].copy_(self._network_update("critic", self.critic.params, b, noise, polyak))
+        row[: COL["critic_applied"] + 1].copy_(updates["critic"](b, noise, polyak))
 
-    def _actor_update(self, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
+    def _actor_update(self, updates, b: dict[str, torch.Tensor], row: torch.Tensor) -> None:
         noise = self._noise(2 * b["obs"].shape[0])
-        row[COL["actor_loss"] :].copy_(self._network_update("actor", self.actor.params, b, noise))
+        row[COL["actor_loss"] :].copy_(updates["actor"](b, noise))
 
     def _prepare_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Scalar columns flattened to (N,), rewards divided by the current reward scale."""
@@ -336,26 +353,21 @@ class FlashSACLearner:
                 rewards = rewards / self.reward_normalizer.scale()
         return dict(batch, rewards=rewards, dones=batch["dones"].reshape(-1), truncated=batch["truncated"].reshape(-1))
 
-    def _run_updates(self, batch: dict[str, torch.Tensor], u_count: int, pf: int, bsz: int) -> None:
+    def _iteration(self, batch: dict[str, torch.Tensor], schedule: Schedule, updates) -> None:
         """The whole iteration's device work (what graph mode captures)."""
-        cfg = self.cfg
         metrics = self.metrics
-        assert metrics is not None
+        u_count, pf = schedule.updates_per_step, schedule.policy_frequency
+        bsz = batch["actions"].shape[0] // u_count
         metrics[:u_count].zero_()
         batch = self._prepare_batch(batch)
         for u in range(u_count):
-            if self.cfg.learner_mode == "compile":
-                # Nothing returned by the previous update's CUDA-graph replays is held
-                # (metric values were copied into the metrics buffer), so each update may
-                # start a new cudagraph-tree step.
-                torch.compiler.cudagraph_mark_step_begin()
             b = {k: v[u * bsz : (u + 1) * bsz] for k, v in batch.items()}
             do_actor = u % pf == 0
-            if do_actor and cfg.policy_before_critic:
-                self._actor_update(b, metrics[u])
-            self._critic_update(b, metrics[u], polyak=u % cfg.target_frequency == 0)
-            if do_actor and not cfg.policy_before_critic:
-                self._actor_update(b, metrics[u])
+            if do_actor and schedule.policy_before_critic:
+                self._actor_update(updates, b, metrics[u])
+            self._critic_update(updates, b, metrics[u], polyak=u % schedule.target_frequency == 0)
+            if do_actor and not schedule.policy_before_critic:
+                self._actor_update(updates, b, metrics[u])
         with torch.no_grad():
             skipped_critic = (1.0 - metrics[:u_count, COL["critic_applied"]]).sum()
             actor_rows = metrics[:u_count:pf]
@@ -366,97 +378,86 @@ class FlashSACLearner:
         if self.broadcast_params:
             self.averager.broadcast_([self.actor.params.data, self.critic.params.data, self.target_critic.params.data])
 
+    def _schedule(self, updates_per_step: int | None, policy_frequency: int | None) -> Schedule:
+        """This iteration's schedule: the arguments, else the config's values."""
+        for name, value in (("updates_per_step", updates_per_step), ("policy_frequency", policy_frequency)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer (or None for the config's value), got {value!r}")
+        cfg = self.cfg
+        return Schedule(
+            updates_per_step if updates_per_step is not None else cfg.updates_per_step,
+            policy_frequency if policy_frequency is not None else cfg.policy_frequency,
+            cfg.target_frequency,
+            cfg.policy_before_critic,
+        )
+
     def update(
         self,
         batch: dict[str, torch.Tensor],
         updates_per_step: int | None = None,
         policy_frequency: int | None = None,
     ) -> None:
-        """Run one iteration (all updates) on a large batch. Does not synchronize."""
-        cfg = self.cfg
-        u_count = updates_per_step or cfg.updates_per_step
-        pf = policy_frequency or cfg.policy_frequency
-        bsz = self.validate_batch(batch, u_count)
-        self._check_configured_batch_size(bsz)
-        self._begin_iteration(u_count, pf)
-        if self.cfg.learner_mode == "graph":
-            self._graph.run(batch, u_count, pf, bsz)
-        else:
-            self._run_updates(batch, u_count, pf, bsz)
-        self._end_iteration()
+        """Run one iteration (all updates) on a large batch. Does not synchronize.
 
-    def _check_configured_batch_size(self, bsz: int) -> None:
-        # The fused-or-split choice was made at construction from cfg.batch_size; a caller
-        # updating on another size gets correct but possibly slower updates. Say so once
-        # (UniLab's runner did not pass its batch size before patch 0001 v3: a B256 run took
-        # the split path chosen for the default 2048, ~5x slower in compile mode on the H200).
-        # (an explicit cfg.fused_update gives the same answer for every size: no warning; a
-        # size that would take the same path is no reason either, nor to stop watching)
-        if self._warned_batch_size or bsz == self.cfg.batch_size:
-            return
-        if self.fused_update != (self._fusable and self.cfg.use_fused_update_for(bsz)):
-            self._warned_batch_size = True
-            warnings.warn(
-                f"updates on batches of {bsz} rows, but the learner was built for batch_size={self.cfg.batch_size}, "
-                f"so it uses the {'fused' if self.fused_update else 'split'} update path meant for that size; "
-                f"build it with batch_size={bsz} (or set fused_update) for the path measured faster at {bsz}",
-                stacklevel=3,
-            )
-
-    def _end_iteration(self) -> None:
+        The batch is checked whole before anything runs: a bad one raises ValueError and
+        leaves the learner as it was."""
+        schedule = self._schedule(updates_per_step, policy_frequency)
+        self.validate_batch(batch, schedule.updates_per_step)
+        self._begin_iteration(schedule)
+        self.engine.run(batch, schedule)
         self.iterations += 1
-        if self._save_compile_cache:  # once, after the first iteration compiled everything
-            self._save_compile_cache = False
-            save_compile_cache(self.cfg.compile_cache_file)
 
     def update_from_replay(self, replay, updates_per_step: int | None = None, policy_frequency: int | None = None) -> None:
-        """One iteration on a large batch sampled from a ``flashsac_opt.replay.GPUReplay``.
+        """One iteration on ``cfg.batch_size`` rows per update sampled from a ``flashsac_opt.replay.GPUReplay``.
 
         In graph mode the sampling is part of the captured iteration: one replay of the
         graph draws new indices, gathers the rows and runs every update. Elsewhere the
         batch is sampled on the device just before the updates.
         """
-        cfg = self.cfg
-        u_count = updates_per_step or cfg.updates_per_step
-        pf = policy_frequency or cfg.policy_frequency
+        schedule = self._schedule(updates_per_step, policy_frequency)
         if replay.count == 0:
             raise ValueError("cannot update from an empty replay")
         if replay.device != self.device:
             raise ValueError(f"replay lives on {replay.device}, the learner on {self.device}")
-        if self.cfg.learner_mode == "graph":
-            self._begin_iteration(u_count, pf)
-            self._graph.run_sampled(replay, u_count, pf, cfg.batch_size)
-            self._end_iteration()
-            return
-        self.update(replay.sample(u_count * cfg.batch_size), u_count, pf)
+        layout = replay.layout
+        replay_dims = (layout.obs_dim, layout.critic_obs_dim, layout.action_dim)
+        if replay_dims != (self.obs_dim, self.critic_obs_dim, self.action_dim):
+            raise ValueError(
+                f"replay rows have (obs, critic_obs, action) dims {replay_dims}, "
+                f"the learner {(self.obs_dim, self.critic_obs_dim, self.action_dim)}"
+            )
+        bsz = self.cfg.batch_size
+        rows = schedule.updates_per_step * bsz
+        self._begin_iteration(schedule)
+        self.engine.run_sampled(
+            lambda: replay.sample(rows), bsz, schedule, source=(id(replay), replay.capacity, bsz), generator=replay.generator
+        )
+        self.iterations += 1
 
-    def _begin_iteration(self, u_count: int, pf: int) -> None:
+    def _begin_iteration(self, schedule: Schedule) -> None:
         """Record the iteration's schedule (read_metrics uses it) and size the metrics buffer."""
-        cfg = self.cfg
-        self._last_schedule = (u_count, pf, cfg.target_frequency, cfg.policy_before_critic)
-        if self.metrics is None or self.metrics.shape[0] != u_count + 1:
-            self.metrics = torch.zeros(u_count + 1, len(METRIC_COLUMNS), device=self.device)
+        self._last_schedule = schedule
+        if self.metrics is None or self.metrics.shape[0] != schedule.updates_per_step + 1:
+            self.metrics = torch.zeros(schedule.updates_per_step + 1, len(METRIC_COLUMNS), device=self.device)
             mark_static(self.metrics)
 
     # ------------------------------------------------- single updates (UniLab per-update path)
-    def _single_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.validate_batch(batch, 1)
+    def _single_batch(self, batch: dict[str, torch.Tensor]):
+        rows = self.validate_batch(batch, 1)
         if self._single_metrics is None:
             self._single_metrics = torch.zeros(len(METRIC_COLUMNS), device=self.device)
             mark_static(self._single_metrics)
-        if self.cfg.learner_mode == "compile":
-            torch.compiler.cudagraph_mark_step_begin()
-        return self._prepare_batch(batch)
+        return self.engine.update_functions(rows), self._prepare_batch(batch)
 
     def step_critic(self, batch: dict[str, torch.Tensor]) -> None:
         """One critic update (no target update) on a single batch."""
-        b = self._single_batch(batch)
-        self._critic_update(b, self._single_metrics, polyak=False)
+        updates, b = self._single_batch(batch)
+        self._critic_update(updates, b, self._single_metrics, polyak=False)
 
     def step_actor(self, batch: dict[str, torch.Tensor]) -> None:
         """One actor + temperature update on a single batch."""
-        b = self._single_batch(batch)
-        self._actor_update(b, self._single_metrics)
+        updates, b = self._single_batch(batch)
+        self._actor_update(updates, b, self._single_metrics)
 
     def step_target(self) -> None:
         """Polyak update, skipped on the device if the last critic step was skipped."""
@@ -476,19 +477,7 @@ class FlashSACLearner:
         """Free the captured whole-iteration graph (graph mode; a no-op otherwise). Needed
         before ``torch.distributed.destroy_process_group()``: a live graph that captured NCCL
         collectives makes it hang. The learner stays usable: the next update recaptures."""
-        if self._graph is not None:
-            self._graph.release()
-
-    def snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(tensor, copy) for every piece of training state, to undo warm-up iterations."""
-        state = persistent_state(self) + [self.actor.params.data, self.critic.params.data, self.temperature.log_temp.data]
-        return [(t, t.clone()) for t in state]
-
-    @staticmethod
-    def restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        with torch.no_grad():
-            for tensor, value in saved:
-                tensor.copy_(value)
+        self.engine.release()
 
     def read_metrics(self) -> dict[str, float]:
         """The iteration's metrics: the one device-to-host copy per iteration.
@@ -498,7 +487,7 @@ class FlashSACLearner:
         """
         if self.metrics is None or self._last_schedule is None:
             return {}
-        u_count, pf, _, _ = self._last_schedule
+        u_count, pf = self._last_schedule.updates_per_step, self._last_schedule.policy_frequency
         values = self.metrics.cpu().tolist()
         rows, totals = values[:u_count], values[u_count]
         last_critic = rows[-1]

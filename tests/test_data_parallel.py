@@ -153,12 +153,13 @@ def test_parameter_broadcast_makes_diverged_ranks_bit_identical(tmp_path):
 
 
 def test_parameter_broadcast_defaults_to_compiled_modes_on_cuda():
-    cfg = lambda mode, flag=None: FlashSACConfig(**SMALL, learner_mode=mode, dp_broadcast_params=flag)  # noqa: E731
+    from flashsac_opt.data_parallel import broadcasts_params
+
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert cfg("graph").broadcasts_params(cuda) and cfg("compile").broadcasts_params(cuda)
-    assert not cfg("eager").broadcasts_params(cuda)  # eager ranks were exact on the H200
-    assert not cfg("compile").broadcasts_params(cpu)
-    assert cfg("eager", True).broadcasts_params(cpu) and not cfg("graph", False).broadcasts_params(cuda)
+    assert broadcasts_params(None, True, cuda)  # compile and graph mode on CUDA
+    assert not broadcasts_params(None, False, cuda)  # eager ranks were exact on the H200
+    assert not broadcasts_params(None, True, cpu)
+    assert broadcasts_params(True, False, cpu) and not broadcasts_params(False, True, cuda)
     # a single-process learner never broadcasts, whatever the flag
     assert not FlashSACLearner(FlashSACConfig(**SMALL, dp_broadcast_params=True), **DIMS).broadcast_params
 

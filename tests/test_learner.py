@@ -53,7 +53,11 @@ def flat_tensors(tree, prefix=""):
         (lambda b: b.pop("next_critic"), "missing field(s) ['next_critic']"),
         (lambda b: b.__setitem__("obs", b["obs"][:, :-1]), "batch['obs']: expected shape (64, 12), got (64, 11)"),
         (lambda b: b.__setitem__("rewards", b["rewards"][:-1]), "batch['rewards']: expected shape (64,) or (64, 1), got (63,)"),
-        (lambda b: b.__setitem__("rewards", b["rewards"].long()), "batch['rewards']: expected a floating-point dtype (float32), got torch.int64"),
+        (lambda b: b.__setitem__("rewards", b["rewards"].long()), "batch['rewards']: expected dtype torch.float32, got torch.int64"),
+        # float64 used to pass the check and fail inside batch_norm after the first critic step
+        # had been applied; bfloat16 used to be accepted silently
+        (lambda b: b.__setitem__("obs", b["obs"].double()), "batch['obs']: expected dtype torch.float32, got torch.float64"),
+        (lambda b: b.__setitem__("next_critic", b["next_critic"].bfloat16()), "batch['next_critic']: expected dtype torch.float32, got torch.bfloat16"),
         (lambda b: b.__setitem__("dones", b["dones"].to("meta")), "batch['dones']: expected device cpu, got meta"),
         (lambda b: b.__setitem__("actions", b["actions"][:-2]), "expected rows = updates_per_step (4) x batch_size"),
         (lambda b: b.__setitem__("critic", b["critic"].numpy()), "batch['critic']: expected a torch.Tensor, got ndarray"),
@@ -175,15 +179,38 @@ def test_state_dict_resume_is_bitwise():
     a = make()
     a.update_reward_stats(torch.randn(2, 5), torch.zeros(2, 5))
     a.update(batch_for(a, seed=1))
-    b = make(tau=0.3)  # different config values that the state does not carry must not matter
-    b = make()
-    b.load_state_dict(a.state_dict())
+    state = a.state_dict()
+    # What construction chose and the state replaces must not matter: a learner built from
+    # another seed (other weights) and another initial temperature continues exactly as `a`.
+    torch.manual_seed(1)
+    b = FlashSACLearner(FlashSACConfig(**{**SMALL, "temp_initial_value": 0.5}), **DIMS)
+    assert not torch.equal(b.actor.params, a.actor.params)
+    assert not torch.equal(b.temperature.log_temp, a.temperature.log_temp)
+    b.load_state_dict(state)
     for learner in (a, b):
         torch.manual_seed(11)
         learner.update(batch_for(learner, seed=2))
-    assert torch.equal(a.actor.params, b.actor.params)
-    assert torch.equal(a.critic_adam.exp_avg_sq, b.critic_adam.exp_avg_sq)
-    assert torch.equal(a.reward_normalizer.var, b.reward_normalizer.var)
+    ta, tb = flat_tensors(a.state_dict()), flat_tensors(b.state_dict())
+    assert len(ta) > 20 and ta.keys() == tb.keys()
+    assert [k for k in ta if not torch.equal(ta[k], tb[k])] == []
+    assert a.iterations == b.iterations == 2
+
+    # The config is not part of what a load restores (the state records it, the loading
+    # learner keeps its own): c's tau of 0.3 acts in the Polyak update and nowhere else.
+    # One update (critic, Polyak, then actor, which reads the critic, not the target):
+    # everything but the target critic's weights stays bit-identical to a tau=0.01 twin.
+    state = a.state_dict()
+    ref, c = make(), make(tau=0.3)
+    for learner in (ref, c):
+        learner.load_state_dict(state)
+        torch.manual_seed(12)
+        learner.update(batch_for(learner, seed=3, rows=16), updates_per_step=1, policy_frequency=1)
+    tr, tc = flat_tensors(ref.state_dict()), flat_tensors(c.state_dict())
+    assert [k for k in tr if not torch.equal(tr[k], tc[k])] == [".target_critic.params"]
+    before = state["target_critic"]["params"]
+    for learner, tau in ((ref, 0.01), (c, 0.3)):
+        expected = before + tau * (learner.critic.params.detach() - before)
+        torch.testing.assert_close(learner.target_critic.params.detach(), expected, rtol=0, atol=1e-6)
 
 
 def test_load_rejects_foreign_state():
@@ -321,47 +348,49 @@ def test_config_from_mapping_and_validation():
 
 
 @pytest.mark.parametrize(
-    ("mode", "batch_size", "fused_update", "functions"),
+    ("mode", "rows_per_update", "fused_update", "functions"),
     [
-        ("compile", 256, None, ["critic_step", "actor_step"]),  # default: fused up to batch 1024
-        ("compile", 2048, None, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
-        ("compile", 2048, True, ["critic_step", "actor_step"]),
-        ("compile", 256, False, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
-        ("eager", 256, True, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),  # eager: always split
+        ("compile", 16, None, ["critic_step", "actor_step"]),  # default: fused up to 1024 rows per update
+        ("compile", 1025, None, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+        ("compile", 1025, True, ["critic_step", "actor_step"]),
+        ("compile", 16, False, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),
+        ("eager", 16, True, ["critic_loss", "critic_apply", "actor_loss", "actor_apply"]),  # eager: always split
     ],
 )
-def test_compile_boundaries_follow_fused_update(mode, batch_size, fused_update, functions):
-    cfg = FlashSACConfig(**{**SMALL, "batch_size": batch_size, "fused_update": fused_update},
-                         learner_mode=mode, compile_backend="aot_eager")
+def test_update_form_is_chosen_from_the_first_batch_not_the_configured_batch_size(mode, rows_per_update, fused_update, functions):
+    # cfg.batch_size says the opposite of the batch each time: only the batch's shape counts
+    configured = 2048 if rows_per_update <= 1024 else 16
+    cfg = FlashSACConfig(**{**SMALL, "batch_size": configured, "updates_per_step": 1, "fused_update": fused_update},
+                         learner_mode=mode, compile_backend="eager")
     learner = FlashSACLearner(cfg, **DIMS)
-    assert list(learner._fn) == functions
-
-
-def test_updating_on_another_batch_size_than_configured_warns_once_about_the_update_path():
-    """The fused/split choice is made from cfg.batch_size. UniLab's runner once built the
-    learner without its batch size (default 2048 -> split) and then updated on B256 rows:
-    correct but 5x slower in compile mode on the H200. Such a mismatch now says so, once."""
-    cfg = FlashSACConfig(**{**SMALL, "batch_size": 2048, "updates_per_step": 2}, learner_mode="compile", compile_backend="eager")
-    learner = FlashSACLearner(cfg, **DIMS)
-    assert not learner.fused_update
-    batch = synthetic_batch(2 * 16, DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"], generator=torch.Generator().manual_seed(0))
-    # another size that takes the same (split) path: nothing to say, and the next one still counts
-    split_too = synthetic_batch(2 * 1100, DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"], generator=torch.Generator().manual_seed(1))
-    with warnings.catch_warnings(record=True) as seen:  # (the first update compiles: torch's own warnings)
-        warnings.simplefilter("always")
-        learner.update(split_too)
-    assert not [w for w in seen if "built for batch_size" in str(w.message)]
-    with pytest.warns(UserWarning, match=r"built for batch_size=2048.*batch_size=16"):
-        learner.update(batch)
+    assert learner.fused_update is None and learner.engine.compiled_names() == []  # nothing built before a batch
+    learner.update(batch_for(learner, rows=rows_per_update))
+    assert learner.engine.compiled_names() == functions
+    assert learner.fused_update == (functions[0] == "critic_step")
+    # later batches of another size keep the form (shapes are static per run; no warning)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        learner.update(batch)  # once only
-    # built with the size it is fed: the fused path, no warning
-    fed = FlashSACLearner(FlashSACConfig(**{**SMALL, "updates_per_step": 2}, learner_mode="compile", compile_backend="eager"), **DIMS)
-    assert fed.fused_update
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fed.update(batch)
+        learner.update(batch_for(learner, rows=32 if rows_per_update <= 1024 else 8))
+    assert learner.engine.compiled_names() == functions and torch.isfinite(learner.critic.params).all()
+
+
+def test_a_cpu_learner_accepts_cpu_batches_whatever_the_device_spelling():
+    learner = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS, device="cpu:0")
+    assert learner.device == torch.device("cpu")
+    learner.update(batch_for(learner))  # used to raise "expected device cpu:0, got cpu"
+    assert learner.iterations == 1
+
+
+@pytest.mark.parametrize("argument", ["updates_per_step", "policy_frequency"])
+@pytest.mark.parametrize("value", [0, -1, 2.0, True])
+def test_update_rejects_a_schedule_argument_that_is_not_a_positive_integer(argument, value):
+    """0 used to mean "the config's value" silently."""
+    learner = make()
+    before = flat_tensors(snapshot(learner))
+    with pytest.raises(ValueError, match=f"{argument} must be a positive integer"):
+        learner.update(batch_for(learner), **{argument: value})
+    after = flat_tensors(snapshot(learner))
+    assert all(torch.equal(before[k], after[k]) for k in before) and learner.iterations == 0
 
 
 def test_cli_info(capsys):

@@ -137,11 +137,11 @@ def test_learner_actor_step_has_no_critic_weight_gradient_gemms():
     only) runs exactly the GEMM FLOPs of the frozen objective, and the critic dW FLOPs fewer
     than an objective that lets autograd reach the critic weights."""
     learner = make("compile", dims=G1, batch_size=64, actor_hidden_dim=32, critic_hidden_dim=64, compile_backend="aot_eager")
-    b = learner._prepare_batch({k: v[:64] for k, v in batches(learner, 1)[0].items()})
-    row = torch.zeros(len(COL))
-    learner._actor_update(b, row)  # compile outside the profile
+    b = {k: v[:64] for k, v in batches(learner, 1)[0].items()}
+    learner.step_actor(b)  # compile outside the profile
+    assert learner.fused_update
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-        learner._actor_update(b, row)
+        learner.step_actor(b)
     gemms = [e for e in prof.key_averages() if e.key in ("aten::bmm", "aten::mm", "aten::addmm")]
     learner_flops = sum(e.flops for e in gemms)
     frozen_flops, _ = _compiled_actor_step_profile(freeze_critic=True)
@@ -198,17 +198,16 @@ def test_graph_mode_needs_cuda():
 
 
 def test_inductor_options_turn_horizontal_fusion_on_for_graph_mode_on_cuda_only():
-    from flashsac_opt.compile import inductor_options
+    from flashsac_opt.engine import inductor_options
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    graph, compiled = FlashSACConfig(learner_mode="graph"), FlashSACConfig(learner_mode="compile")
-    assert inductor_options(graph, cuda)["combo_kernels"] is True
-    assert inductor_options(graph, cuda)["triton.cudagraphs"] is False  # no capture inside the capture
-    assert inductor_options(compiled, cuda) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False}
-    assert not any(inductor_options(compiled, cpu).values())
+    assert inductor_options("graph", cuda)["combo_kernels"] is True
+    assert inductor_options("graph", cuda)["triton.cudagraphs"] is False  # no capture inside the capture
+    assert inductor_options("compile", cuda) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False}
+    assert not any(inductor_options("compile", cpu).values())
     # the user's options win over the defaults, and add to them
-    mine = graph.replace(inductor_options={"combo_kernels": False, "aggressive_fusion": True})
-    assert inductor_options(mine, cuda) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False, "aggressive_fusion": True}
+    mine = {"combo_kernels": False, "aggressive_fusion": True}
+    assert inductor_options("graph", cuda, mine) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False, "aggressive_fusion": True}
 
 
 # ------------------------------------------------------------------ GPU
@@ -299,13 +298,13 @@ def test_gpu_graph_mode_finite_guard_and_recapture():
     learner.update(data[2])
     assert learner.read_metrics()["Learner/critic_updates_skipped"] == 0.0
     assert not torch.equal(learner.critic.params, before[0])
-    assert learner._graph.captures == 1
+    assert learner.engine.graph.captures == 1
     learner.update({k: v[:128] for k, v in data[2].items()}, updates_per_step=1, policy_frequency=1)
-    assert learner._graph.captures == 2  # a new shape is a new capture
+    assert learner.engine.graph.captures == 2  # a new shape is a new capture
     learner.release_graphs()  # (before destroy_process_group in data-parallel runs)
-    assert learner._graph.graph is None
+    assert learner.engine.graph.graph is None
     learner.update(data[0])
-    assert learner._graph.captures == 3 and torch.isfinite(learner.critic.params).all()
+    assert learner.engine.graph.captures == 3 and torch.isfinite(learner.critic.params).all()
 
 
 def test_compile_cache_file_is_skipped_without_artifacts_and_survives_a_corrupt_file(tmp_path):

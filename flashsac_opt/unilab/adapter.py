@@ -61,11 +61,6 @@ class UniLabFlashSACLearner:
             raise ValueError("flashsac_opt supports the built-in FlashSAC actor only (algo.algo_params.actor_config must be null)")
         if not (actor_normalize_parameters and critic_normalize_parameters):
             raise ValueError("flashsac_opt always renormalizes parameters (actor/critic_normalize_parameters must be true)")
-        device = torch.device(device)
-        if learner_mode == "graph" and device.type != "cuda":
-            raise ValueError(
-                f"learner_mode=graph needs a CUDA device (got {device}); set algo.algo_params.learner_mode=eager or compile"
-            )
         known = {f.name for f in dataclasses.fields(FlashSACConfig)}
         unknown = set(kwargs) - known - _IGNORED
         if unknown:
@@ -80,7 +75,7 @@ class UniLabFlashSACLearner:
         self.actor = self.learner.actor
         self.reward_normalizer = self.learner.reward_normalizer
         self.update_count = 0
-        self.use_compile = learner_mode != "eager"
+        self.use_compile = self.learner.engine.compiled
         self.compile_backend = self.cfg.compile_backend if self.use_compile else "eager"
         self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
         self._recorder = ReplayRecorder.from_env()
@@ -156,7 +151,7 @@ class UniLabFlashSACLearner:
 
     def prepare_for_collection(self, warmup_context: Any) -> None:
         """Compile (and in graph mode capture) before collection; training state is unchanged."""
-        if self.cfg.learner_mode == "eager":
+        if not self.learner.engine.compiled:
             return
         batch = getattr(warmup_context, "replay_batch", None)
         if batch is None:
@@ -166,14 +161,9 @@ class UniLabFlashSACLearner:
                 warmup_context, obs_dim=self.obs_dim, critic_obs_dim=self.critic_obs_dim, action_dim=self.action_dim, device=self.device
             )
         self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
-        saved = self.learner.snapshot()
-        rng = torch.get_rng_state(), (torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
         iterations = self.learner.iterations
-        self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
-        self.learner.restore(saved)
-        torch.set_rng_state(rng[0])
-        if rng[1] is not None:
-            torch.cuda.set_rng_state(rng[1], self.device)
+        with self.learner.engine.preserved():
+            self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
 
     def set_gradient_sync(self, sync: Any) -> None:
@@ -192,7 +182,7 @@ class UniLabFlashSACLearner:
             "learner_mode": self.cfg.learner_mode,
             "fused_update": self.cfg.fused_update,
             "batch_size": self.cfg.batch_size,  # the runner's (patch 0001 passes it)
-            "fused_update_used": self.learner.fused_update,
+            "fused_update_used": self.learner.fused_update,  # decided by the first batch's shape
             "compile_cache_file": self.cfg.compile_cache_file,
         }
         return state

@@ -1,0 +1,372 @@
+"""How a learner iteration runs: eagerly, compiled, or captured whole into one CUDA graph.
+
+The learner hands the engine plain callables and the tensors its iteration changes in place;
+the engine never sees the learner. This is the one module that reads the mode:
+
+- ``eager``: the callables as they are.
+- ``compile``: each network update under ``torch.compile`` with Inductor's CUDA graphs
+  (cudagraph trees); the loop over updates stays in Python.
+- ``graph``: the same compiled functions with Inductor's CUDA graphs off, and the whole
+  iteration (every update, optimizer step, Polyak update, noise draw and metric write)
+  captured into one ``torch.cuda.CUDAGraph``: one launch per iteration. A capture cannot
+  contain another, hence Inductor's graphs off.
+
+Every compiled function has ``fullgraph=True`` (a graph break is an error, not a silent
+slowdown) and ``dynamic=False`` (batch shapes are fixed per run).
+
+A network update comes in two forms (``NetworkUpdate``), and the engine compiles one:
+- fused: one function computes the loss, its gradient (``torch.func``, traced by Dynamo),
+  the guarded optimizer step and the commits, so Inductor fuses the gradient assembly into
+  Adam and the renormalization. Fewer kernels: faster at small batches.
+- split: the loss compiled with its backward (AOTAutograd), autograd between, then the step
+  compiled apart. At large batches AOTAutograd's recomputing partitioner keeps fewer
+  activations than the single fused graph: faster there. Data parallel needs it too: the
+  ranks' all-reduce sits between loss and step.
+The form is chosen from the first batch's per-update rows (shapes are static anyway):
+fused up to ``FUSED_UPDATE_MAX_BATCH`` rows unless ``fused_update`` forces it.
+
+Graph-mode lifetime rules (what keeps a captured graph valid):
+- It reads and writes tensors by address. Everything an iteration changes (``state``) is
+  only ever updated in place (``copy_``), including by checkpoint loads, so the graph
+  survives them.
+- The capture key is (schedule, every batch field's shape and dtype), or the replay's
+  identity for in-graph sampling. A different key recaptures; the compiled functions stay.
+- Noise comes from the default CUDA generator, which is graph-safe: each replay draws new
+  values, in the sequence eager execution would. Another generator (a replay's sampler) is
+  registered with the graph so that each replay advances it.
+- A graph that captured NCCL collectives keeps the communicator referenced:
+  ``destroy_process_group`` then waits forever (pytorch/pytorch#115388). ``release()`` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+import torch
+
+MODES = ("eager", "compile", "graph")
+FUSED_UPDATE_MAX_BATCH = 1024
+# Iterations run on a side stream before a capture: they compile every function and let the
+# allocator and cuBLAS settle; their effects on the training state are undone.
+CAPTURE_WARMUP_ITERATIONS = 2
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"learner_mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The update schedule of one iteration (UniLab's names)."""
+
+    updates_per_step: int
+    policy_frequency: int
+    target_frequency: int
+    policy_before_critic: bool
+
+
+@dataclass(frozen=True)
+class NetworkUpdate:
+    """One network's update in both forms; the engine compiles the one it picks.
+
+    ``step(batch, noise, *args)``: fused, gradient inside; returns the metric values.
+    ``loss(batch, noise)``: a NamedTuple whose first field is the loss (then statistics the
+    step needs); ``apply(grad, *loss_outputs, *args)``: the step; returns the metric values.
+    ``params``: what the split form differentiates the loss by.
+    """
+
+    params: torch.Tensor
+    step: Callable[..., torch.Tensor]
+    loss: Callable[..., NamedTuple]
+    apply: Callable[..., torch.Tensor]
+
+
+# iteration(batch, schedule, updates): the whole iteration's device work, where
+# updates[name](batch_slice, noise, *args) runs one update of network `name`.
+Iteration = Callable[[dict, Schedule, Mapping[str, Callable[..., torch.Tensor]]], None]
+
+
+def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Inductor options of the compiled modes: flashsac_opt's defaults, then ``extra``."""
+    cuda = device.type == "cuda"
+    options = {
+        # Inductor's CUDA graphs in compile mode only: graph mode captures the whole
+        # iteration itself, and a capture cannot contain another.
+        "triton.cudagraphs": mode == "compile" and cuda,
+        # Pad GEMM operands whose rows are not 16-byte aligned (101 atoms, 29 actions,
+        # 130-wide critic input) instead of letting cuBLAS fall back to align-1 kernels.
+        "force_shape_pad": cuda,
+        # Horizontal fusion of independent small kernels (per-layer BN statistics,
+        # renormalization groups, Adam/Polyak pieces) where an iteration is one captured
+        # chain of hundreds of small kernels: fewer kernels and less time on the H200
+        # (FLASH_SAC_OPTIMIZATION.md, "Inductor options"), for ~25% more peak memory;
+        # extra={"combo_kernels": False} opts out.
+        "combo_kernels": cuda and mode == "graph",
+    }
+    options.update(extra or {})
+    return options
+
+
+def mark_static(*tensors: torch.Tensor) -> None:
+    """Declare persistent state as fixed-address graph inputs.
+
+    Cudagraph trees then neither copy these tensors into graph-owned placeholders nor refuse
+    to graph a function that updates them in place. (Parameters are static inputs already.)
+    """
+    for tensor in tensors:
+        if not isinstance(tensor, torch.nn.Parameter):
+            torch._dynamo.mark_static_address(tensor)
+
+
+class Engine:
+    """Runs a learner's iterations in one mode; built once per learner."""
+
+    def __init__(
+        self,
+        mode: str,
+        device: torch.device,
+        *,
+        updates: Mapping[str, NetworkUpdate],
+        iteration: Iteration,
+        state: Sequence[torch.Tensor],
+        backend: str = "inductor",
+        inductor_options: Mapping[str, Any] | None = None,
+        fused_update: bool | None = None,
+        reduce: Callable[..., list[torch.Tensor]] | None = None,
+        compile_cache_file: str | None = None,
+    ):
+        """``state``: every tensor an iteration changes in place (parameters included).
+        ``reduce``: averages (grad, *loss outputs) across data-parallel ranks between loss and
+        step (forces the split form)."""
+        self.mode = check_mode(mode)
+        self.device = device
+        if self.mode == "graph" and device.type != "cuda":
+            raise ValueError(f"learner_mode=graph needs a CUDA device, got {device}; use learner_mode=eager or compile there")
+        self.compiled = self.mode != "eager"
+        self._networks = dict(updates)
+        self._iteration = iteration
+        self.state = list(state)
+        self._backend = backend
+        self._extra_options = dict(inductor_options or {})
+        self._fused_option = fused_update
+        self._reduce = reduce
+        # Fused only where it is compiled: in eager, torch.func's per-op wrapping is pure overhead.
+        self._fusable = self.compiled and reduce is None
+        self.fused_update: bool | None = None  # decided by the first batch
+        self._updates: dict[str, Callable[..., torch.Tensor]] | None = None
+        self._graph: CapturedIteration | None = CapturedIteration(self) if self.mode == "graph" else None
+        if self.compiled:
+            mark_static(*self.state)
+        self._cache_file = compile_cache_file if self.compiled else None
+        self.compile_cache_loaded = bool(self._cache_file and load_compile_cache(self._cache_file))
+        self._save_cache_after_iteration = bool(self._cache_file and not self.compile_cache_loaded)
+
+    # ---------------------------------------------------------------- building
+    def update_functions(self, rows: int) -> Mapping[str, Callable[..., torch.Tensor]]:
+        """The per-network update callables; the first call picks their form from ``rows``
+        (the per-update batch size) and compiles them."""
+        if self._updates is None:
+            if self._fused_option is None:
+                fused = rows <= FUSED_UPDATE_MAX_BATCH
+            else:
+                fused = bool(self._fused_option)
+            self.fused_update = fused and self._fusable
+            self._updates = {name: self._build(net) for name, net in self._networks.items()}
+        return self._updates
+
+    def compiled_names(self) -> list[str]:
+        """The compile boundaries in use: ``{net}_step`` (fused) or ``{net}_loss``/``{net}_apply``."""
+        if self.fused_update is None:
+            return []
+        parts = ("step",) if self.fused_update else ("loss", "apply")
+        return [f"{name}_{part}" for name in self._networks for part in parts]
+
+    def _compile(self, fn: Callable) -> Callable:
+        if not self.compiled:
+            return fn
+        options = inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
+        return torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=options)
+
+    def _build(self, net: NetworkUpdate) -> Callable[..., torch.Tensor]:
+        # In compile mode nothing a previous update's CUDA-graph replay returned is still held
+        # (metric values are copied out at once), so each update may begin a cudagraph-tree step.
+        mark_step = self.mode == "compile"
+        if self.fused_update:
+            step = self._compile(net.step)
+
+            def fused(batch, noise, *args):
+                if mark_step:
+                    torch.compiler.cudagraph_mark_step_begin()
+                # torch.func computes the gradient whatever the outer grad mode; no_grad keeps
+                # AOTAutograd from also building an outer backward for the compiled step.
+                with torch.no_grad():
+                    return step(batch, noise, *args)
+
+            return fused
+        loss_fn, apply_fn, reduce = self._compile(net.loss), self._compile(net.apply), self._reduce
+
+        def split(batch, noise, *args):
+            if mark_step:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = loss_fn(batch, noise)
+            (grad,) = torch.autograd.grad(out[0], net.params)
+            inputs = [grad, *out]
+            if reduce is not None:
+                inputs = reduce(*inputs)
+            return apply_fn(*inputs, *args)
+
+        return split
+
+    # ----------------------------------------------------------------- running
+    def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> None:
+        """One iteration on a batch of ``updates_per_step`` x rows. Does not synchronize."""
+        rows = next(iter(batch.values())).shape[0] // schedule.updates_per_step
+        updates = self.update_functions(rows)
+        if self._graph is not None:
+            self._graph.run(batch, schedule)
+        else:
+            self._iteration(batch, schedule, updates)
+        self._after_iteration()
+
+    def run_sampled(self, sample: Callable[[], dict], rows: int, schedule: Schedule, *, source: tuple, generator: torch.Generator) -> None:
+        """One iteration on ``sample()``: ``updates_per_step`` x ``rows`` rows from a replay
+        whose draws come from ``generator``. In graph mode the sampling is captured too (one
+        replay draws new indices, gathers the rows and runs every update); ``source``
+        identifies the replay in the capture key."""
+        updates = self.update_functions(rows)
+        if self._graph is not None:
+            self._graph.run_sampled(sample, schedule, source, generator)
+        else:
+            self._iteration(sample(), schedule, updates)
+        self._after_iteration()
+
+    def _after_iteration(self) -> None:
+        if self._save_cache_after_iteration:  # once: the first iteration compiled everything
+            self._save_cache_after_iteration = False
+            save_compile_cache(self._cache_file)
+
+    @contextlib.contextmanager
+    def preserved(self, generators: Sequence[torch.Generator] = ()) -> Iterator[None]:
+        """Undo, on exit, what the iterations run inside did to the state and the RNGs."""
+        saved = [(t, t.detach().clone()) for t in self.state]
+        cuda = self.device.type == "cuda"
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if cuda else None
+        extra = [g.get_state() for g in generators]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for tensor, value in saved:
+                    tensor.copy_(value)
+            torch.set_rng_state(rng[0])
+            if cuda:
+                torch.cuda.set_rng_state(rng[1], self.device)
+            for g, s in zip(generators, extra):
+                g.set_state(s)
+
+    def release(self) -> None:
+        """Free a captured iteration (graph mode; a no-op otherwise). The next one recaptures."""
+        if self._graph is not None:
+            self._graph.release()
+
+    @property
+    def graph(self) -> "CapturedIteration | None":
+        return self._graph
+
+
+class CapturedIteration:
+    """A whole iteration captured into one ``torch.cuda.CUDAGraph`` (graph mode)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple | None = None
+        self.static_batch: dict[str, torch.Tensor] = {}
+        self.captures = 0
+        self.last_warmup_seconds = 0.0
+        self.last_capture_seconds = 0.0
+
+    def release(self) -> None:
+        if self.graph is not None:
+            torch.cuda.synchronize(self.engine.device)  # no replay may still be running
+            self.graph.reset()
+        self.graph, self.key, self.static_batch = None, None, {}
+
+    def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> None:
+        key = (schedule, tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items())))
+        if key != self.key:
+            self.static_batch = {k: v.detach().clone() for k, v in batch.items()}
+            updates = self.engine._updates
+            self._capture(key, lambda: self.engine._iteration(self.static_batch, schedule, updates))
+        for name, tensor in batch.items():
+            self.static_batch[name].copy_(tensor)
+        self.graph.replay()
+
+    def run_sampled(self, sample: Callable[[], dict], schedule: Schedule, source: tuple, generator: torch.Generator) -> None:
+        key = ("sampled", source, schedule)
+        if key != self.key:
+            self.static_batch = {}
+            updates = self.engine._updates
+            self._capture(key, lambda: self.engine._iteration(sample(), schedule, updates), generator)
+        self.graph.replay()
+
+    def _capture(self, key: tuple, body: Callable[[], None], generator: torch.Generator | None = None) -> None:
+        engine, device = self.engine, self.engine.device
+        self.graph = None
+        start = time.perf_counter()
+        with engine.preserved([generator] if generator is not None else []):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(CAPTURE_WARMUP_ITERATIONS):
+                    body()
+            torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        self.last_warmup_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        if generator is not None:
+            graph.register_generator_state(generator)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            body()
+        torch.cuda.synchronize(device)
+        self.last_capture_seconds = time.perf_counter() - start
+        self.graph, self.key = graph, key
+        self.captures += 1
+
+
+def load_compile_cache(path: str) -> bool:
+    """Pre-populate torch.compile's caches from a saved artifact file; False if there is none."""
+    file = Path(path)
+    if not file.is_file():
+        return False
+    try:
+        info = torch.compiler.load_cache_artifacts(file.read_bytes())
+        problem = None if info is not None else "torch rejected it (see its log)"
+    except Exception as exc:  # a corrupt or foreign file must not stop training  # noqa: BLE001
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        warnings.warn(f"compile cache {file} could not be loaded ({problem}); compiling from scratch and rewriting it", stacklevel=3)
+        return False
+    return True
+
+
+def save_compile_cache(path: str) -> bool:
+    """Write every cache artifact this process's compilations produced (atomically)."""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:  # nothing cacheable (e.g. the aot_eager backend)
+        return False
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_bytes(saved[0])
+    os.replace(tmp, file)
+    return True
