@@ -75,7 +75,7 @@ class EngineOptions:
     # Extra Inductor options for the compiled modes, over flashsac_opt's defaults
     # (engine.inductor_options: graph mode on CUDA turns on combo_kernels).
     # {"coordinate_descent_tuning": True} tunes launch configs for minutes of compile (0.96x);
-    # {"aggressive_fusion": True} measured 0.97-1.02x (results/benchmark_learner_study_W1_W3.json).
+    # {"aggressive_fusion": True} measured 0.97-1.02x (results/learner_benchmark/benchmark_learner_study_W1_W3.json).
     inductor_options: dict | None = None
     # File of torch.compile's portable cache artifacts ("mega-cache"): loaded at construction
     # when it exists, written after the first compiled iteration when it does not. A fresh

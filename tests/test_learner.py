@@ -54,8 +54,8 @@ def flat_tensors(tree, prefix=""):
         (lambda b: b.__setitem__("obs", b["obs"][:, :-1]), "batch['obs']: expected shape (64, 12), got (64, 11)"),
         (lambda b: b.__setitem__("rewards", b["rewards"][:-1]), "batch['rewards']: expected shape (64,) or (64, 1), got (63,)"),
         (lambda b: b.__setitem__("rewards", b["rewards"].long()), "batch['rewards']: expected dtype torch.float32, got torch.int64"),
-        # float64 used to pass the check and fail inside batch_norm after the first critic step
-        # had been applied; bfloat16 used to be accepted silently
+        # checked up front: float64 would fail inside batch_norm after the iteration's first
+        # critic step was applied, bfloat16 would round silently
         (lambda b: b.__setitem__("obs", b["obs"].double()), "batch['obs']: expected dtype torch.float32, got torch.float64"),
         (lambda b: b.__setitem__("next_critic", b["next_critic"].bfloat16()), "batch['next_critic']: expected dtype torch.float32, got torch.bfloat16"),
         (lambda b: b.__setitem__("dones", b["dones"].to("meta")), "batch['dones']: expected device cpu, got meta"),
@@ -377,14 +377,14 @@ def test_update_form_is_chosen_from_the_first_batch_not_the_configured_batch_siz
 def test_a_cpu_learner_accepts_cpu_batches_whatever_the_device_spelling():
     learner = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS, device="cpu:0")
     assert learner.device == torch.device("cpu")
-    learner.update(batch_for(learner))  # used to raise "expected device cpu:0, got cpu"
+    learner.update(batch_for(learner))  # batches report "cpu": canonical devices compare equal
     assert learner.iterations == 1
 
 
 @pytest.mark.parametrize("argument", ["updates_per_step", "policy_frequency"])
 @pytest.mark.parametrize("value", [0, -1, 2.0, True])
 def test_update_rejects_a_schedule_argument_that_is_not_a_positive_integer(argument, value):
-    """0 used to mean "the config's value" silently."""
+    """Only None means "the config's value": a 0 must not silently mean it too."""
     learner = make()
     before = flat_tensors(snapshot(learner))
     with pytest.raises(ValueError, match=f"{argument} must be a positive integer"):
