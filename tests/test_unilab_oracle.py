@@ -1,4 +1,8 @@
-"""flashsac_opt against UniLab 1.5.2's own learner (CPU, fp32, compile and graphs off)."""
+"""flashsac_opt against UniLab 1.5.2's own learner (CPU, fp32, compile and graphs off).
+
+On CPU in fp32 the two learners are bit-identical, update by update: every loss value and
+every state tensor must be exactly equal (no tolerance).
+"""
 
 import copy
 
@@ -7,11 +11,18 @@ import torch
 
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
-from flashsac_opt.testing.oracle import G1_DIMS, compare_with_unilab, synthetic_batch, unilab_iteration, unilab_learner
+from flashsac_opt.testing.oracle import (
+    G1_DIMS,
+    Comparison,
+    compare_with_unilab,
+    synthetic_batch,
+    tensor_mismatches,
+    unilab_iteration,
+    unilab_learner,
+)
 from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
 
 pytestmark = pytest.mark.unilab
-TOL = 1e-5
 
 # Every tensor family the comparison must cover; a silently shrunk comparison fails here.
 EXPECTED_FAMILIES = (
@@ -26,6 +37,18 @@ EXPECTED_FAMILIES = (
     "actor_optimizer.state.0.exp_avg",
     "temperature_optimizer.state.0.step",
 )
+ACTOR_METRICS = {"Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature"}
+
+
+def assert_bit_identical(result, updates_per_step, policy_frequency, normalize_reward=True):
+    # Every update compared its losses (a silently empty comparison would pass).
+    for u, row in enumerate(result.loss_values):
+        expected = {"Loss/critic"} | ({"Train/reward_scale_std"} if normalize_reward else set())
+        if (u % updates_per_step) % policy_frequency == 0:
+            expected |= ACTOR_METRICS
+        assert set(row) == expected, f"update {u}: compared {sorted(row)}"
+    mismatches = result.mismatches()
+    assert not mismatches, f"{len(mismatches)} not bit-identical, first: " + "; ".join(mismatches[:5])
 
 
 @pytest.mark.parametrize(
@@ -47,16 +70,32 @@ def test_matches_unilab_update_by_update(require_unilab, updates_per_step, norma
         assert family in result.state_diffs, family
     if normalize_reward:
         assert "reward_normalizer.g_r" in result.state_diffs
-    name, worst = result.worst_loss()
-    assert worst <= TOL, f"{name}: relative difference {worst:.3e}"
-    name, worst = result.worst_state()
-    assert worst <= TOL, f"{name}: relative difference {worst:.3e}"
+    assert_bit_identical(result, updates_per_step, 2, normalize_reward)
 
 
 def test_matches_unilab_policy_before_critic(require_unilab):
     cfg = FlashSACConfig(batch_size=32, updates_per_step=4, policy_frequency=2, policy_before_critic=True)
     result = compare_with_unilab(cfg, iterations=3)
-    assert result.worst_loss()[1] <= TOL and result.worst_state()[1] <= TOL
+    assert len(result.loss_values) == 3 * 4
+    assert_bit_identical(result, 4, 2)
+
+
+def test_exact_comparison_notices_one_ulp_a_dtype_and_a_nan():
+    """The comparison the tests rely on must fail on the smallest differences."""
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    assert tensor_mismatches({"a": {"w": x}}, {"a": {"w": x.clone()}}) == {}
+    one_ulp = x.clone()
+    one_ulp[2, 1] = torch.nextafter(x[2, 1], torch.tensor(float("inf")))
+    assert set(tensor_mismatches({"a": {"w": one_ulp}}, {"a": {"w": x}})) == {"a.w"}
+    assert set(tensor_mismatches({"step": torch.tensor(3)}, {"step": torch.tensor(3.0)})) == {"step"}
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    assert set(tensor_mismatches({"w": nan}, {"w": nan.clone()})) == {"w"}
+    one = torch.tensor(1.0)
+    next_up = float(torch.nextafter(one, torch.tensor(2.0)))
+    assert Comparison(loss_values=[{"Loss/critic": (1.0, 1.0)}]).mismatches() == []
+    assert len(Comparison(loss_values=[{"Loss/critic": (next_up, 1.0)}]).mismatches()) == 1
+    assert len(Comparison(loss_values=[{"Loss/actor": (float("nan"), float("nan"))}]).mismatches()) == 1
 
 
 def test_detects_a_different_learner(require_unilab):

@@ -5,12 +5,17 @@ flashsac_opt learner, drives both with the same batches, reward statistics and R
 (so the actor draws the same noise), and reports per-update loss differences and
 per-tensor state differences. Used by the tests and by experiments/validate_numerics.py.
 
-Relative difference of a tensor = max|ours - theirs| / max|theirs| (the norm-relative
+On CPU in fp32 the two learners are bit-identical: ``Comparison.mismatches()`` lists every
+loss value and every state tensor that is not (dtype, shape and every element equal; a NaN
+never matches), and is what the tests assert empty. The magnitudes of any difference are
+reported too, for reading a failure or a run elsewhere:
+relative difference of a tensor = max|ours - theirs| / max|theirs| (the norm-relative
 error; element-wise ratios are meaningless for entries that are ~0, e.g. Adam moments).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,21 +131,70 @@ def tensor_differences(ours: Any, theirs: Any, prefix: str = "") -> dict[str, tu
     return out
 
 
+def tensor_mismatches(ours: Any, theirs: Any, prefix: str = "") -> dict[str, str]:
+    """{path: what differs} for every tensor of two nested states that is not bit-identical.
+
+    Identical means same dtype, same shape and ``torch.equal`` (so a NaN never matches);
+    the magnitude of a value difference is included for reading a failure.
+    """
+    out: dict[str, str] = {}
+    if isinstance(theirs, torch.Tensor):
+        if not isinstance(ours, torch.Tensor):
+            return {prefix: f"ours is {type(ours).__name__}, theirs a tensor"}
+        if ours.dtype != theirs.dtype or ours.shape != theirs.shape:
+            return {prefix: f"ours {ours.dtype} {tuple(ours.shape)}, theirs {theirs.dtype} {tuple(theirs.shape)}"}
+        a, b = ours.detach().cpu(), theirs.detach().cpu()
+        if not torch.equal(a, b):
+            abs_diff, rel_diff = tensor_differences(a, b, prefix)[prefix]
+            out[prefix] = f"max abs difference {abs_diff:.3e}, relative {rel_diff:.3e}"
+    elif isinstance(theirs, dict):
+        if not isinstance(ours, dict) or set(ours) != set(theirs):
+            return {prefix: f"keys differ: only ours {set(ours) - set(theirs)}, only theirs {set(theirs) - set(ours)}"}
+        for k in theirs:
+            out.update(tensor_mismatches(ours[k], theirs[k], f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(theirs, (list, tuple)):
+        if not isinstance(ours, (list, tuple)) or len(ours) != len(theirs):
+            return {prefix: "sequences of different lengths"}
+        for i, (x, y) in enumerate(zip(ours, theirs)):
+            out.update(tensor_mismatches(x, y, f"{prefix}[{i}]"))
+    return out
+
+
+def _worst_key(value: float) -> float:
+    # a NaN difference is the worst kind, not one that every comparison skips
+    return math.inf if math.isnan(value) else value
+
+
 @dataclass
 class Comparison:
     loss_rel: list[dict[str, float]] = field(default_factory=list)  # per update: metric -> rel diff
-    state_diffs: dict[str, tuple[float, float]] = field(default_factory=dict)  # final state
+    loss_values: list[dict[str, tuple[float, float]]] = field(default_factory=list)  # per update: metric -> (ours, theirs)
+    state_diffs: dict[str, tuple[float, float]] = field(default_factory=dict)  # final state: (max abs, rel)
+    state_mismatches: dict[str, str] = field(default_factory=dict)  # final state: tensors not bit-identical
+
+    def loss_mismatches(self) -> list[str]:
+        """Every per-update metric whose two values are not equal (a NaN never matches)."""
+        return [
+            f"update {i}: {name}: ours {mine!r}, theirs {their!r}"
+            for i, row in enumerate(self.loss_values)
+            for name, (mine, their) in row.items()
+            if not mine == their
+        ]
+
+    def mismatches(self) -> list[str]:
+        """Every loss value and state tensor that differs from UniLab's; empty when bit-identical."""
+        return self.loss_mismatches() + [f"{name}: {what}" for name, what in sorted(self.state_mismatches.items())]
 
     def worst_loss(self) -> tuple[str, float]:
         worst = ("", 0.0)
         for i, row in enumerate(self.loss_rel):
             for k, v in row.items():
-                if v > worst[1]:
+                if _worst_key(v) > _worst_key(worst[1]):
                     worst = (f"update {i}: {k}", v)
         return worst
 
     def worst_state(self) -> tuple[str, float]:
-        return max(((k, v[1]) for k, v in self.state_diffs.items()), key=lambda kv: kv[1], default=("", 0.0))
+        return max(((k, v[1]) for k, v in self.state_diffs.items()), key=lambda kv: _worst_key(kv[1]), default=("", 0.0))
 
 
 LOSS_COLUMNS = {
@@ -181,19 +235,21 @@ def compare_with_unilab(
         ours.update(batch)
         table = ours.update_metrics_table()
         for u, their in enumerate(their_rows):
-            rel = {}
+            rel, values = {}, {}
             for name, value in their.items():
                 col = LOSS_COLUMNS.get(name) or ("reward_scale_std" if name == "Train/reward_scale_std" else None)
                 if col is None:
                     continue
                 mine = float(table[u, COL[col]])
+                values[name] = (mine, value)
                 rel[name] = abs(mine - value) / max(abs(value), 1e-12)
             result.loss_rel.append(rel)
+            result.loss_values.append(values)
         if on_iteration is not None:
             on_iteration(it)
-    result.state_diffs = tensor_differences(
-        _tensors_only(to_unilab_state_dict(ours)), _tensors_only(theirs.get_state_dict())
-    )
+    mine, their = _tensors_only(to_unilab_state_dict(ours)), _tensors_only(theirs.get_state_dict())
+    result.state_diffs = tensor_differences(mine, their)
+    result.state_mismatches = tensor_mismatches(mine, their)
     return result
 
 
