@@ -1,0 +1,577 @@
+"""One driver for the device (GPU machine) runs declared in runs.toml beside this file.
+
+On the device, one call (its command line is limited to 2000 characters):
+    python3 experiments/device/run.py env engine_before_after
+Here, on the CPU machine:
+    python experiments/device/run.py --list
+    python experiments/device/run.py --dry-run RUN...       # the exact commands and what to carry
+    python experiments/device/run.py --fetch-wheels learner|training   # cp312 wheels into .whl/
+    python experiments/device/run.py --prepare-baseline COMMIT         # that commit's code into .baseline/
+
+On the device every run gets: the carried wheels installed once into .device_work/site (where
+the run needs them), NVLink multicast off (it can take a shared host's GPUs out of service),
+unbuffered Python, an Inductor cache under .device_work/ (or a fresh empty one), a time
+limit after which it is stopped and what it wrote still comes back. $OUT gets runs.json
+(each run's command, environment, limit, exit status, seconds, outputs), each run's
+declared outputs, and its log (<run>.log, or <run>.tgz with the log and its raw files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = Path(__file__).with_name("runs.toml")
+WORK = REPO / ".device_work"  # scratch and the shared Inductor cache (git-ignored)
+WHEELS = REPO / ".whl"
+BASELINE = REPO / ".baseline"
+IGNORED = ("/.whl/", "/.baseline/", "/.device_work/")
+# Set for every run and not overridable: NVLink multicast off in NCCL, PyTorch and NVSHMEM.
+FIXED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
+MAX_FILES = 8  # files the device returns from $OUT
+MAX_CARRY_MIB = 64  # working tree + carried paths per call
+STOP_GRACE_S = 15  # SIGINT, then SIGTERM, then SIGKILL, within this
+MIN_LIMIT_S = 30  # a run the call's budget leaves less than this (and less than its own limit) is skipped
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+FILE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass
+class Run:
+    name: str
+    help: str = ""
+    script: str | None = None
+    args: list[str] = field(default_factory=list)
+    pytest: list[str] | None = None
+    jobs: list[str] | None = None
+    limit: int = 570
+    wheels: str = "none"
+    env: dict[str, str] = field(default_factory=dict)
+    cold_cache: bool = False
+    gpus: int = 1
+    outputs: list[str] = field(default_factory=list)
+    pack: bool = False
+    log: bool = True
+    carry: list[str] = field(default_factory=list)
+
+    def returned(self) -> list[str]:
+        """The files this run leaves in its output folder."""
+        extra = [f"{self.name}.tgz"] if self.pack else [f"{self.name}.log"] if self.log else []
+        return [*self.outputs, *extra]
+
+
+@dataclass
+class Matrix:
+    runs: dict[str, Run]
+    wheels: dict[str, dict]
+    baseline: dict
+    path: Path = MATRIX
+
+
+def load_matrix(path: Path = MATRIX) -> Matrix:
+    """Parse and check runs.toml; a ValueError names the run and what is wrong."""
+    data = tomllib.loads(path.read_text())
+    wheels = data.get("wheels", {})
+    runs = {}
+    for name, spec in data.get("runs", {}).items():
+        unknown = set(spec) - (set(Run.__dataclass_fields__) - {"name"})
+        if unknown:
+            raise ValueError(f"run {name}: unknown keys {sorted(unknown)}")
+        run = Run(name=name, **spec)
+        kinds = [k for k in ("script", "pytest", "jobs") if getattr(run, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"run {name}: needs exactly one of script, pytest, jobs (has {kinds or 'none'})")
+        if run.wheels != "none" and run.wheels not in wheels:
+            raise ValueError(f"run {name}: wheels {run.wheels!r} is not a [wheels.*] set")
+        if set(run.env) & set(FIXED_ENV):
+            raise ValueError(f"run {name}: env may not override {sorted(set(run.env) & set(FIXED_ENV))}")
+        for out in run.returned():
+            if not FILE_NAME.match(out):
+                raise ValueError(f"run {name}: output {out!r} is not a plain file name (letters, digits, . _ -)")
+        runs[name] = run
+    for run in runs.values():
+        if run.jobs is None:
+            continue
+        for job in run.jobs:
+            if job not in runs or runs[job].jobs is not None:
+                raise ValueError(f"run {run.name}: job {job!r} is not a run of its own (script or pytest)")
+            if runs[job].gpus != 1:
+                raise ValueError(f"run {run.name}: job {job} needs {runs[job].gpus} GPUs; jobs get one each")
+        if len(set(run.jobs)) != len(run.jobs):
+            raise ValueError(f"run {run.name}: a job twice")
+        run.gpus = len(run.jobs)
+    return Matrix(runs, wheels, data.get("baseline", {}), path)
+
+
+def returned_files(matrix: Matrix, names: list[str]) -> list[str]:
+    """Every file a call running ``names`` returns, as paths under $OUT."""
+    files = ["runs.json"]
+    for name in names:
+        run = matrix.runs[name]
+        if run.jobs:
+            files += [f"{job}/{f}" for job in run.jobs for f in matrix.runs[job].returned()]
+        else:
+            files += run.returned()
+    return files
+
+
+def wheel_sets(matrix: Matrix, names: list[str]) -> list[str]:
+    sets = []
+    for name in names:
+        run = matrix.runs[name]
+        for sub in [matrix.runs[j] for j in run.jobs] if run.jobs else [run]:
+            if sub.wheels != "none" and sub.wheels not in sets:
+                sets.append(sub.wheels)
+    return sets
+
+
+def carried(matrix: Matrix, names: list[str]) -> list[str]:
+    paths = [".whl"] if wheel_sets(matrix, names) else []
+    for name in names:
+        run = matrix.runs[name]
+        for sub in [matrix.runs[j] for j in run.jobs] if run.jobs else [run]:
+            paths += [p for p in sub.carry if p not in paths]
+    return paths
+
+
+# ---- wheels ---------------------------------------------------------------------------------
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def missing_wheels(matrix: Matrix, sets: list[str], folder: Path = WHEELS) -> list[str]:
+    """Pins of these sets with no wheel of that name (and version, where pinned) in folder."""
+    have = [w.name.split("-")[:2] for w in folder.glob("*.whl")]
+    missing = []
+    for s in sets:
+        wanted = matrix.wheels[s].get("pins", []) + matrix.wheels[s].get("build", [])
+        for pin in wanted:
+            name, _, version = pin.partition("==")
+            if not any(_normal(n) == _normal(name) and (not version or v == version) for n, v in have):
+                missing.append(pin)
+    return missing
+
+
+def install_wheels(matrix: Matrix, sets: list[str], site: Path) -> None:
+    """Install every carried wheel into site, once per machine."""
+    if not sets:
+        return
+    missing = missing_wheels(matrix, sets)
+    if missing:
+        sys.exit(f"run.py: .whl/ lacks {', '.join(missing)}: run `python experiments/device/run.py --fetch-wheels "
+                 f"{sets[-1]}` here and carry .whl")
+    wheels = sorted(str(w) for w in WHEELS.glob("*.whl"))
+    marker = site / ".flashsac_wheels"
+    listing = "\n".join(Path(w).name for w in wheels)
+    if marker.is_file() and marker.read_text() == listing:
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+                    "--upgrade", "--target", str(site), *wheels], check=True)
+    marker.write_text(listing)
+
+
+def fetch_wheels(matrix: Matrix, which: str) -> int:
+    """Download the cp312 manylinux wheels of a set into .whl/ (emptied first: one version each)."""
+    spec = matrix.wheels[which]
+    WHEELS.mkdir(exist_ok=True)
+    for old in WHEELS.glob("*.whl"):
+        old.unlink()
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+                    "--implementation", "cp", *platforms, "-d", str(WHEELS), *spec.get("pins", [])], check=True)
+    for pin in spec.get("build", []):
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(WHEELS), pin], check=True)
+    for w in sorted(WHEELS.glob("*.whl")):
+        print(f"{w.stat().st_size / 2**20:7.2f} MiB  {w.name}")
+    return 0
+
+
+# ---- baseline -------------------------------------------------------------------------------
+
+def exclude_from_git() -> None:
+    """List the driver's git-ignored folders in .git/info/exclude (once)."""
+    exclude = REPO / ".git" / "info" / "exclude"
+    if not (REPO / ".git").is_dir():
+        return
+    exclude.parent.mkdir(exist_ok=True)
+    lines = exclude.read_text().splitlines() if exclude.is_file() else []
+    with exclude.open("a") as f:
+        for path in IGNORED:
+            if path not in lines:
+                f.write(path + "\n")
+
+
+def prepare_baseline(matrix: Matrix, commit: str, dest: Path = BASELINE) -> Path:
+    """Extract the baseline's paths at ``commit`` into dest (emptied first) with `git archive`."""
+    full = subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=REPO, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", full, *matrix.baseline["paths"]], cwd=REPO, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    # links that lead out of the tree or nowhere (the package's link to patches/) stay behind
+    for link in [p for p in dest.rglob("*") if p.is_symlink()]:
+        target = link.resolve()
+        if not target.exists() or not target.is_relative_to(dest.resolve()):
+            link.unlink()
+    (dest / "BASELINE_COMMIT").write_text(full + "\n")
+    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+    print(f"{dest.relative_to(REPO) if dest.is_relative_to(REPO) else dest}: {full} ({size / 2**20:.2f} MiB); carry it with the call")
+    return dest
+
+
+# ---- running --------------------------------------------------------------------------------
+
+def substitute(arg: str, out: Path, work: Path, limit: int) -> str:
+    return arg.replace("{out}", str(out)).replace("{work}", str(work)).replace("{limit}", str(limit))
+
+
+def command(run: Run, out: Path, work: Path, limit: int) -> list[str]:
+    if run.pytest is not None:
+        return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(substitute(a, out, work, limit) for a in run.pytest)]
+    return [sys.executable, run.script, *(substitute(a, out, work, limit) for a in run.args)]
+
+
+def run_env(run: Run, work: Path) -> dict[str, str]:
+    """The variables a run gets on top of the inherited environment (work: its scratch folder,
+    beside the shared Inductor cache and the installed wheels)."""
+    cache = work / "inductor_cache" if run.cold_cache else work.parent / "inductor_cache"
+    path = ([str(work.parent / "site")] if run.wheels != "none" else []) + [str(REPO)]
+    return {
+        **FIXED_ENV,
+        "PYTHONPATH": os.pathsep.join(path),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        **run.env,
+    }
+
+
+def gpu_list() -> list[str]:
+    """'index, name, driver' of each GPU nvidia-smi sees (none without a driver)."""
+    try:
+        listing = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listing.splitlines() if line.strip()]
+
+
+def physical_core_groups(n: int, cpus: list[int] | None = None, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """Split the usable logical CPUs into n groups of whole physical cores (hyperthread
+    siblings stay together, so two jobs never share a core), contiguous by package and core."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    cores: dict[tuple[int, int], list[int]] = {}
+    for cpu in cpus:
+        topo = sysfs / f"cpu{cpu}" / "topology"
+        try:
+            key = (int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text()))
+        except (OSError, ValueError):
+            key = (0, cpu)  # no topology: each logical CPU its own core
+        cores.setdefault(key, []).append(cpu)
+    ordered = [cores[k] for k in sorted(cores)]
+    if len(ordered) < n:
+        raise ValueError(f"{len(ordered)} physical cores for {n} jobs")
+    size, rest = divmod(len(ordered), n)
+    groups, start = [], 0
+    for i in range(n):
+        end = start + size + (i < rest)
+        groups.append(sorted(c for core in ordered[start:end] for c in core))
+        start = end
+    return groups
+
+
+def _pump(stream, sinks, prefix: str = "") -> None:
+    for line in stream:
+        for sink in sinks:
+            sink.write(prefix + line if sink is sys.stdout else line)
+            sink.flush()
+
+
+def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None, prefix: str = "") -> tuple[int, bool]:
+    """Run cmd in its own process group, output to the console (and log); at the limit stop the
+    whole group: SIGINT (scripts save what they have), then SIGTERM, then SIGKILL."""
+    sinks = [sys.stdout]
+    log_file = log.open("w") if log else None
+    if log_file:
+        sinks.append(log_file)
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, sinks, prefix), daemon=True)
+    pump.start()
+    timed_out = False
+    try:
+        rc = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        print(f"{prefix}run.py: limit of {limit:.0f} s reached: stopping", flush=True)
+        rc = None
+        for sig, grace in ((signal.SIGINT, 10), (signal.SIGTERM, 3), (signal.SIGKILL, 2)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                rc = proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        rc = proc.wait() if rc is None else rc
+    pump.join(timeout=10)
+    if log_file:
+        log_file.close()
+    return rc, timed_out
+
+
+def pack(run: Run, out: Path, work: Path, log: Path) -> None:
+    with tarfile.open(out / f"{run.name}.tgz", "w:gz") as tar:
+        if log.is_file():
+            tar.add(log, arcname=log.name)
+        raw = work / "raw"
+        if raw.is_dir():
+            tar.add(raw, arcname="raw")
+
+
+class Call:
+    """One device call: the runs in order, each within its limit and the call's budget."""
+
+    def __init__(self, matrix: Matrix, out: Path, budget: float, job_note: str = "", work_root: Path = WORK):
+        self.matrix, self.out, self.job_note, self.work_root = matrix, out, job_note, work_root
+        self.deadline = time.monotonic() + budget
+        self.record = {"argv": sys.argv, "start": _now(), "budget_s": budget, "python": sys.version.split()[0],
+                       "cpus": os.cpu_count(), "job_note": job_note, "runs": []}
+
+    def save(self) -> None:
+        self.record["end"] = _now()
+        (self.out / "runs.json").write_text(json.dumps(self.record, indent=1))
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, name: str, gpus: int) -> None:
+        run = self.matrix.runs[name]
+        limit = int(min(run.limit, self.left() - STOP_GRACE_S))
+        entry = {"run": name, "limit_s": limit}
+        self.record["runs"].append(entry)
+        if run.gpus > gpus:
+            entry["skipped"] = f"needs {run.gpus} GPUs, found {gpus}"
+        elif limit < min(run.limit, MIN_LIMIT_S):
+            entry["skipped"] = f"only {max(limit, 0)} s left in the call"
+        if "skipped" in entry:
+            print(f"== {name}: skipped: {entry['skipped']}", flush=True)
+            self.save()
+            return
+        print(f"== {name} (limit {limit} s, {self.left():.0f} s left in the call)", flush=True)
+        start = time.monotonic()
+        if run.jobs:
+            entry.update(self.jobs(run, limit, gpus))
+        else:
+            work = self.work_root / name
+            if work.exists():
+                shutil.rmtree(work)
+            (work / "raw").mkdir(parents=True)
+            env = run_env(run, work)
+            if self.job_note:
+                env["FLASHSAC_RUN_NOTE"] = self.job_note
+            cmd = command(run, self.out, work, limit)
+            log = (work / f"{name}.log") if run.pack else (self.out / f"{name}.log") if run.log else None
+            entry.update(command=cmd, env=env)
+            self.save()
+            rc, timed_out = execute(cmd, env, limit, log)
+            if run.pack:
+                pack(run, self.out, work, log)
+            entry.update(rc=rc, timed_out=timed_out)
+            entry["outputs"] = {f: (self.out / f).stat().st_size if (self.out / f).is_file() else None for f in run.returned()}
+            missing = [f for f, size in entry["outputs"].items() if size is None]
+            if missing:
+                print(f"== {name}: missing outputs {missing}", flush=True)
+        entry["seconds"] = round(time.monotonic() - start, 1)
+        print(f"== {name}: rc={entry.get('rc')}{' (stopped at its limit)' if entry.get('timed_out') else ''}, "
+              f"{entry['seconds']} s", flush=True)
+        self.save()
+
+    def jobs(self, run: Run, limit: int, gpus: int) -> dict:
+        """The jobs side by side: job i sees GPU i alone and its own physical cores."""
+        groups = physical_core_groups(len(run.jobs))
+        procs = []
+        for i, (job, cpus) in enumerate(zip(run.jobs, groups)):
+            others = ", ".join(j for j in run.jobs if j != job)
+            note = (f"job {i} of {len(run.jobs)} side by side on a {gpus}-GPU host: GPU {i} only, logical CPUs "
+                    f"{_ranges(cpus)} (whole physical cores); the other jobs: {others}")
+            out = self.out / job
+            out.mkdir(parents=True, exist_ok=True)
+            cmd = ["taskset", "-c", _ranges(cpus), sys.executable, __file__, "--budget", str(limit), "--job-note", note,
+                   "--matrix", str(self.matrix.path), "--work-root", str(self.work_root), job]
+            env = {"CUDA_VISIBLE_DEVICES": str(i), "OUT": str(out)}
+            procs.append((job, cmd, env, out))
+        threads, results = [], {}
+        for job, cmd, env, out in procs:
+            def target(job=job, cmd=cmd, env=env):
+                results[job] = execute(cmd, env, limit + STOP_GRACE_S, None, prefix=f"[{job}] ")
+            threads.append(threading.Thread(target=target))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+        entry = {"jobs": []}
+        for job, cmd, env, out in procs:
+            record_file = out / "runs.json"
+            sub = json.loads(record_file.read_text()) if record_file.is_file() else {}
+            record_file.unlink(missing_ok=True)  # merged here: one runs.json per call
+            entry["jobs"].append({"job": job, "command": cmd, "env": env, "rc": results[job][0], "runs": sub.get("runs", [])})
+        entry["rc"] = max((abs(j["rc"] or 0) for j in entry["jobs"]), default=0)
+        return entry
+
+
+def _ranges(cpus: list[int]) -> str:
+    parts, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            parts.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(parts)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---- here: list, dry run --------------------------------------------------------------------
+
+def tree_mib() -> float:
+    """Size of what a device call sends without carry: tracked and untracked-not-ignored files."""
+    listing = subprocess.run(["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"], cwd=REPO, capture_output=True).stdout
+    paths = {REPO / p for p in listing.decode().split("\0") if p}
+    return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink()) / 2**20
+
+
+def folder_mib(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20 if path.exists() else 0.0
+
+
+def dry_run(matrix: Matrix, names: list[str], budget: float) -> int:
+    out = Path("$OUT")
+    used = 0  # seconds of the budget the runs before may take at most
+    cut = []
+    for name in names:
+        run = matrix.runs[name]
+        limit = int(min(run.limit, budget - used - STOP_GRACE_S))
+        used += max(limit, 0) + STOP_GRACE_S
+        if limit < run.limit:
+            cut.append(f"{name} ({max(limit, 0)} of its {run.limit} s)")
+        print(f"== {name}: {run.help}")
+        print(f"   limit {limit} s, {run.gpus} GPU(s), wheels: {' '.join(wheel_sets(matrix, [name])) or 'none'}, "
+              f"returns: {' '.join(returned_files(matrix, [name])[1:])}")
+        subs = [(job, matrix.runs[job]) for job in run.jobs] if run.jobs else [(name, run)]
+        for i, (sub_name, sub) in enumerate(subs):
+            sub_out = out / sub_name if run.jobs else out
+            work = WORK / sub_name
+            env = run_env(sub, work)
+            sub_limit = limit
+            if run.jobs:  # a job is a driver of its own, with the jobs run's limit as its budget
+                sub_limit = int(min(sub.limit, limit - STOP_GRACE_S))
+                env = {"CUDA_VISIBLE_DEVICES": str(i), **env}
+                print(f"   job {i}: GPU {i}, taskset -c <physical cores {i + 1} of {len(subs)}>, limit {sub_limit} s")
+            cmd = command(sub, sub_out, work, sub_limit)
+            print("   " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\")
+            print("     " + shlex.join(cmd))
+            if sub.script and sub.script.startswith("experiments/device/"):
+                # the driver's own helpers print the processes they would start
+                plan = subprocess.run([sys.executable, *cmd[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True)
+                for line in (plan.stdout + plan.stderr).splitlines():
+                    print("     | " + line)
+    files = returned_files(matrix, names)
+    carry = carried(matrix, names)
+    size = tree_mib() + sum(folder_mib(REPO / c) for c in carry)
+    print(f"== {len(files)} files back (at most {MAX_FILES}): {' '.join(files)}")
+    print(f"== limits add up to {used} s of the call's {budget:.0f} s; carry {json.dumps(carry)}: {size:.1f} MiB with the working tree "
+          f"(at most {MAX_CARRY_MIB})")
+    for c in carry:
+        if not (REPO / c).exists():
+            hint = "--prepare-baseline COMMIT" if c == ".baseline" else f"--fetch-wheels {(wheel_sets(matrix, names) or ['learner'])[-1]}"
+            print(f"!! {c} is missing here: run `python experiments/device/run.py {hint}` first")
+    sets = wheel_sets(matrix, names)
+    if sets and WHEELS.exists() and missing_wheels(matrix, sets):
+        print(f"!! .whl/ lacks {', '.join(missing_wheels(matrix, sets))}")
+    if cut:
+        print(f"!! if the runs before use their whole limits, the budget cuts {', '.join(cut)}: consider another call")
+    print(f"== device call: python3 experiments/device/run.py {' '.join(names)}")
+    problems = len(files) > MAX_FILES or size > MAX_CARRY_MIB
+    if problems:
+        print("!! over the device's limits")
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", metavar="RUN")
+    parser.add_argument("--list", action="store_true", help="the runs of the matrix")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing (works without a GPU)")
+    parser.add_argument("--fetch-wheels", metavar="SET", help="download a wheel set into .whl/ (here, where pip works)")
+    parser.add_argument("--prepare-baseline", metavar="COMMIT", help="extract COMMIT's code into .baseline/ (here)")
+    parser.add_argument("--budget", type=float, default=585.0, help="seconds the whole call may take (default 585)")
+    parser.add_argument("--job-note", default="", help=argparse.SUPPRESS)  # set for the jobs of a jobs run
+    # for CPU rehearsals and tests: another matrix, scratch folder, GPU count
+    parser.add_argument("--matrix", type=Path, default=MATRIX, help=argparse.SUPPRESS)
+    parser.add_argument("--work-root", type=Path, default=WORK, help=argparse.SUPPRESS)
+    parser.add_argument("--assume-gpus", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    matrix = load_matrix(args.matrix)
+
+    if args.list:
+        for run in matrix.runs.values():
+            what = f"jobs {'+'.join(run.jobs)}" if run.jobs else f"wheels {run.wheels}"
+            print(f"{run.name:36} {run.limit:4d} s  {run.gpus} GPU  {what:24} {run.help}")
+        return 0
+    if args.fetch_wheels:
+        if args.fetch_wheels not in matrix.wheels:
+            parser.error(f"--fetch-wheels: one of {', '.join(matrix.wheels)}")
+        exclude_from_git()
+        return fetch_wheels(matrix, args.fetch_wheels)
+    if args.prepare_baseline:
+        exclude_from_git()
+        prepare_baseline(matrix, args.prepare_baseline)
+        return 0
+    unknown = [r for r in args.runs if r not in matrix.runs]
+    if unknown or not args.runs:
+        parser.error(f"unknown runs {unknown} (see --list)" if unknown else "name at least one run (see --list)")
+    if args.dry_run:
+        return dry_run(matrix, args.runs, args.budget)
+
+    out = Path(os.environ.get("OUT", args.work_root / "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    call = Call(matrix, out, args.budget, args.job_note, args.work_root)
+    for c in carried(matrix, args.runs):
+        if not (REPO / c).exists():
+            sys.exit(f"run.py: {c} was not carried (prepare it here and name it in the call's carry)")
+    install_wheels(matrix, wheel_sets(matrix, args.runs), args.work_root / "site")
+    listing = gpu_list()
+    gpus = args.assume_gpus if args.assume_gpus is not None else 1 if args.job_note else len(listing)
+    call.record.update(gpus=gpus, gpu_list=listing)
+    for name in args.runs:
+        call.run(name, gpus)
+    failed = [r["run"] for r in call.record["runs"] if r.get("rc") or r.get("timed_out") or r.get("skipped")]
+    print(f"== done: {len(call.record['runs'])} runs, {'failed, stopped or skipped: ' + ' '.join(failed) if failed else 'all exited 0'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

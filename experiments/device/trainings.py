@@ -1,0 +1,202 @@
+"""Real G1 trainings: stock UniLab 1.5.2 against UniLab patched with flashsac_opt, then stock
+UniLab's `eval` on the last flashsac_opt run's checkpoint (stock UniLab plays our checkpoints).
+
+    python3 experiments/device/trainings.py --updates 2 --batch 256 --iterations 1000 --time-limit 580 \\
+        --out DIR --work DIR unilab:graph flashsac_opt:graph
+
+RUN = [UN:]LEARNER:MODE[:SEED]: LEARNER unilab|flashsac_opt, MODE eager|compile|graph; UN (e.g. U8)
+overrides --updates for that run. Stock and patched UniLab are two copies of the installed
+unilab package under WORK/../unilab/ (shared by the jobs of a 2-GPU call, made under a lock),
+with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patched copy gets
+`flashsac-opt unilab apply`. Each training gets a --time-limit: its expected start-up (launch
+to first update) plus an equal share of the iteration time left, so a slow run is cut, not
+lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
+--cpu-rehearsal: a tiny CPU run (16 envs, eager, the CPU-admitting patch) of the same steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "experiments" / "benchmark_flashsac_training.py"
+RUN = re.compile(r"^(?:U(?P<u>[1-9][0-9]*):)?(?P<learner>unilab|flashsac_opt):(?P<mode>eager|compile|graph)(?::(?P<seed>[0-9]+))?$")
+# Launch to first update on the H200 (UniLab start ~45 s, compile, capture), cold or with an
+# Inductor cache an earlier run of this call filled; other modes ~50 s.
+STARTUP_S = {
+    ("unilab", "graph", False): 250, ("unilab", "graph", True): 150,
+    ("unilab", "compile", False): 130, ("unilab", "compile", True): 70,
+    ("flashsac_opt", "compile", False): 130, ("flashsac_opt", "compile", True): 70,
+    ("flashsac_opt", "graph", False): 135, ("flashsac_opt", "graph", True): 70,
+}
+EVAL_S = 60  # stock eval at the end
+SHUTDOWN_S = 20  # per training, after its time limit
+MIN_SHARE_S = 30
+
+
+def parse_runs(texts: list[str], updates: int) -> list[dict]:
+    runs = []
+    for text in texts:
+        m = RUN.match(text)
+        if not m:
+            raise SystemExit(f"trainings: {text!r} is not [UN:]LEARNER:MODE[:SEED]")
+        runs.append(dict(u=int(m["u"] or updates), learner=m["learner"], mode=m["mode"], seed=int(m["seed"] or 1)))
+    seen = set()
+    for r in runs:
+        key = (r["learner"], r["mode"])
+        r["startup"] = STARTUP_S.get((*key, key in seen), 50)
+        seen.add(key)
+    return runs
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "flashsac_opt.cli", *args]
+
+
+def prepare_copies(root: Path, cpu: bool) -> tuple[Path, Path]:
+    """Stock and patched copies of the installed unilab package, with placeholder meshes."""
+    spec = importlib.util.find_spec("unilab")
+    if spec is None or spec.origin is None:
+        raise SystemExit("trainings: unilab is not importable (the training wheels: run.py --fetch-wheels training)")
+    deps = Path(spec.origin).parent.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other job of a 2-GPU call may be making them too
+        for name in ("stock", "patched"):
+            site = root / name
+            if (site / ".ready").is_file():
+                continue
+            if site.exists():
+                shutil.rmtree(site)
+            shutil.copytree(deps / "unilab", site / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
+            for info in deps.glob("unilab-*.dist-info"):
+                shutil.copytree(info, site / info.name)
+            subprocess.run(cli("unilab", "placeholder-meshes", "--root", str(site / "unilab")), check=True)
+            if name == "patched":
+                subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), *(["--with-cpu-smoke"] if cpu else [])), check=True)
+            elif cpu:  # stock UniLab refuses CPU off-policy training: the stock copy gets that admission alone
+                subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), "--patch", "0002-cpu-offpolicy-smoke"), check=True)
+            (site / ".ready").write_text("")
+    return root / "stock", root / "patched"
+
+
+def training_command(r: dict, args, root: Path, share: int, log_root: Path, output: Path) -> list[str]:
+    return [sys.executable, str(TRAIN), "--unilab-root", str(root / "unilab"), "--learner", r["learner"], "--mode", r["mode"],
+            "--seed", str(r["seed"]), "--num-envs", str(args.envs), "--batch-size", str(args.batch), "--updates-per-step", str(r["u"]),
+            "--policy-frequency", "2", "--iterations", str(args.iterations), "--summary-last", str(args.iterations // 2),
+            "--learning-starts", "8", "--replay-buffer-n", "32", "--save-interval", str(min(args.iterations, 100)),
+            "--time-limit", str(share), "--log-root", str(log_root), "--output", str(output)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="RUN")
+    parser.add_argument("--updates", type=int, required=True, help="updates per step (a run's UN: prefix overrides it)")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--envs", type=int, default=256)
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--time-limit", type=float, default=580.0, help="seconds for all trainings and the eval")
+    parser.add_argument("--out", type=Path, required=True, help="the trainings' JSON")
+    parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
+    parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands with their time shares, run nothing")
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.time_limit
+    runs = parse_runs(args.runs, args.updates)
+    if args.cpu_rehearsal:
+        args.envs, args.batch, args.iterations = 16, 32, min(args.iterations, 4)
+        for r in runs:
+            r["mode"] = "eager" if r["mode"] == "graph" else r["mode"]
+    copies = args.work.parent / "unilab"
+    stock, patched = copies / "stock", copies / "patched"
+    if not args.dry_run:
+        stock, patched = prepare_copies(copies, args.cpu_rehearsal)
+        (args.work / "raw").mkdir(parents=True, exist_ok=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)  # the training script puts its UniLab copy and the repository first on the path
+    last_ours = None
+    planned = 0.0  # a dry run's clock: the shares of the runs before, as if each used all of it
+    for i, r in enumerate(runs):
+        n = len(runs) - i
+        fixed = sum(x["startup"] for x in runs[i:])
+        left = deadline - time.monotonic() - planned
+        share = int(r["startup"] + (left - EVAL_S - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
+        tag = f"u{r['u']}_b{args.batch}"
+        name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
+        root = patched if r["learner"] == "flashsac_opt" else stock
+        logs = args.work / f"logs_{name}"
+        cmd = training_command(r, args, root, share, logs, args.out / f"{name}.json")
+        if args.dry_run:
+            print(f"[{name}] time limit {share} s (start-up ~{r['startup']} s): {shlex.join(cmd)}")
+            planned += share + SHUTDOWN_S
+            if r["learner"] == "flashsac_opt":
+                last_ours = (logs, tag)
+            continue
+        if share < MIN_SHARE_S:
+            print(f"== {name}: skipped, only {share} s left", flush=True)
+            continue
+        log = args.work / "raw" / f"{name}.log"
+        with log.open("w") as f:
+            try:
+                rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=max(share + 90, 1)).returncode
+            except subprocess.TimeoutExpired:
+                rc = "killed at its limit + 90 s"
+        lines = [line for line in log.read_text(errors="replace").splitlines() if not line.startswith(("│", "╭", "╰", "├", "┃"))]
+        keep = 6 if rc == 0 else 150  # a failed run shows its whole traceback (HYDRA_FULL_ERROR)
+        print(f"== {name}: rc={rc}, limit {share} s, {args.time_limit - (deadline - time.monotonic()):.0f} s into the run", flush=True)
+        print("\n".join(lines[-keep:]), flush=True)
+        if os.environ.get("TORCH_LOGS"):  # keep what Dynamo and the cudagraph trees said
+            said = [line for line in lines if re.search(r"ecompil|e-record|cudagraph|guard", line)][:400]
+            (args.work / "raw" / f"{name}.torch_logs.log").write_text("\n".join(said))
+        if r["learner"] == "flashsac_opt":
+            last_ours = (logs, tag)
+    if last_ours:
+        stock_eval(last_ours, stock, args, deadline, env)
+    return 0
+
+
+def stock_eval(last_ours: tuple[Path, str], stock: Path, args, deadline: float, env: dict) -> None:
+    """Stock UniLab's eval on the flashsac_opt run's last checkpoint (a few steps, video best effort)."""
+    logs, tag = last_ours
+    runs = sorted(p for p in (logs / "G1WalkFlat").glob("*/") if p.is_dir()) if logs.is_dir() else []
+    code = "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())"
+    if args.dry_run:
+        print(f"[stock eval] cd {logs} && PYTHONPATH={stock}:... python3 -c {shlex.quote(code)} --algo flashsac --task g1_walk_flat "
+              f"--sim mujoco --load-run RUN ...  (the last flashsac_opt run's checkpoint)")
+        return
+    if not runs:
+        print("stock eval skipped: the flashsac_opt run left no run folder", flush=True)
+        return
+    run = runs[-1]
+    if not list(run.glob("model_*.pt")):
+        # UniLab's eval exits 0 after "Could not find checkpoint": say it here instead
+        print(f"stock eval skipped: the flashsac_opt run {run} wrote no checkpoint", flush=True)
+        return
+    deps = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    cmd = [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", "--load-run", run.name,
+           "--render-mode", "record", "training.play_steps=20", "training.play_env_num=4", "training.export_onnx=false",
+           f"training.log_root={logs}", f"env.scene.model_file={stock / 'unilab/assets/robots/g1/scene_flat.xml'}"]
+    log = args.work / "raw" / f"stock_eval_of_flashsac_opt_{tag}.log"
+    with log.open("w") as f:
+        try:
+            # from the log folder: Hydra writes its train_flashsac.log into the working directory
+            rc = subprocess.run(cmd, cwd=logs, env={**env, "PYTHONPATH": os.pathsep.join([str(stock), *deps])}, stdout=f,
+                                stderr=subprocess.STDOUT, timeout=max(deadline - time.monotonic(), 20)).returncode
+        except subprocess.TimeoutExpired:
+            rc = "killed at the run's limit"
+    loaded = next((line for line in log.read_text(errors="replace").splitlines() if "Loading flashsac checkpoint" in line), "")
+    print(f"stock eval rc={rc}: {loaded.strip() or 'no checkpoint-loaded line'}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""The device driver (experiments/device/) on the CPU: its run matrix, dry run, time limits,
+side-by-side jobs, wheel check, baseline extraction, and the before/after comparison."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEVICE = REPO / "experiments" / "device"
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"device_{name}", DEVICE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+driver = _module("run")
+before_after = _module("before_after")
+
+
+def _driver(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DEVICE / "run.py"), *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+# ---- the matrix ----------------------------------------------------------------------------
+
+def test_every_run_executes_something_that_exists_and_fits_the_device_limits():
+    matrix = driver.load_matrix()
+    assert {"env", "engine_before_after", "gpu_tests"} <= set(matrix.runs)
+    for name, run in matrix.runs.items():
+        if run.script:
+            assert (REPO / run.script).is_file(), f"{name}: {run.script}"
+        for arg in run.pytest or []:
+            if arg.startswith("tests/"):
+                assert (REPO / arg).exists(), f"{name}: {arg}"
+        # script paths named in the arguments (the before/after sides), except the carried baseline
+        for arg in run.args:
+            for part in arg.split(":"):
+                if part.endswith(".py") and not arg.startswith(".baseline"):
+                    assert (REPO / part).is_file(), f"{name}: {arg}"
+        files = driver.returned_files(matrix, [name])
+        assert len(files) <= driver.MAX_FILES, f"{name} returns {files}"
+        assert all(f.count("/") <= 1 for f in files), files  # $OUT/job/file at most
+    # what the old benchmark needs is what the baseline extracts
+    assert "experiments/benchmark_learner.py" in matrix.baseline["paths"]
+
+
+def test_the_before_after_calls_return_few_enough_files():
+    matrix = driver.load_matrix()
+    assert len(driver.returned_files(matrix, ["env", "engine_before_after"])) <= driver.MAX_FILES
+    assert len(driver.returned_files(matrix, ["engine_before_after_and_gpu_tests_x2"])) <= driver.MAX_FILES
+    assert driver.carried(matrix, ["env", "engine_before_after", "gpu_tests"]) == [".whl", ".baseline"]
+
+
+@pytest.mark.parametrize(
+    "body, complaint",
+    [
+        ('script = "a.py"\npytest = ["tests/"]', "exactly one of"),
+        ('script = "a.py"\nfrobnicate = 1', "unknown keys"),
+        ('script = "a.py"\nenv = { NCCL_NVLS_ENABLE = "1" }', "may not override"),
+        ('script = "a.py"\noutputs = ["sub/x.json"]', "plain file name"),
+        ('script = "a.py"\nwheels = "nonexistent"', "not a [wheels.*] set"),
+        ('jobs = ["missing"]', "not a run of its own"),
+    ],
+)
+def test_the_matrix_refuses_mistakes(tmp_path, body, complaint):
+    path = tmp_path / "runs.toml"
+    path.write_text(f"[runs.bad]\n{body}\n")
+    with pytest.raises(ValueError, match=complaint.replace("[", r"\[").replace("*", r"\*")):
+        driver.load_matrix(path)
+
+
+def test_missing_wheels_names_the_pins_without_a_wheel(tmp_path):
+    matrix = driver.load_matrix()
+    for name in ("unilab-1.5.2-py3-none-any.whl", "hydra_core-1.3.8-py3-none-any.whl",
+                 "antlr4_python3_runtime-4.9.3-py3-none-any.whl", "mujoco-3.10.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
+        (tmp_path / name).write_text("")
+    missing = driver.missing_wheels(matrix, ["training"], tmp_path)
+    assert "mujoco==3.11.0" in missing  # another version is not the pinned one
+    assert "omegaconf==2.3.1" in missing
+    assert not {"unilab==1.5.2", "hydra-core==1.3.8", "antlr4-python3-runtime==4.9.3"} & set(missing)
+    assert driver.missing_wheels(matrix, ["learner"], tmp_path) == ["omegaconf==2.3.1"]
+
+
+def test_the_training_wheels_serve_the_learner_runs_too():
+    # one .whl/ for a call that mixes runs: the training set holds every pin of the learner set
+    matrix = driver.load_matrix()
+    assert set(matrix.wheels["learner"]["pins"]) <= set(matrix.wheels["training"]["pins"])
+
+
+# ---- dry run -------------------------------------------------------------------------------
+
+def test_dry_run_prints_the_exact_commands():
+    done = _driver("--dry-run", "env", "engine_before_after", "gpu_tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "experiments/device/environment.py --output '$OUT/env.json'" in out
+    assert "-m pytest -q -p no:cacheprovider -m gpu tests/" in out
+    assert out.count("NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1") >= 3
+    # the before/after helper lists its processes: cold ones alternate sides, each with its own empty cache
+    cold = [line for line in out.splitlines() if "_cold]" in line]
+    assert [line.split("]")[0].split("[")[1] for line in cold] == ["before_W1_cold", "after_W1_cold", "before_W3_cold", "after_W3_cold"]
+    assert "cache/before_W1 " in cold[0] and "cache/after_W1 " in cold[1]
+    assert "== device call: python3 experiments/device/run.py env engine_before_after gpu_tests" in out
+
+
+def test_dry_run_of_every_run_stays_within_the_device_limits():
+    matrix = driver.load_matrix()
+    for name in matrix.runs:
+        done = _driver("--dry-run", name)
+        assert done.returncode == 0, f"{name}: {done.stdout[-2000:]}"
+        assert "== device call: python3 experiments/device/run.py " + name in done.stdout
+
+
+# ---- running on the CPU with stand-in scripts ------------------------------------------------
+
+STAND_IN = """
+import json, os, sys, time
+out = sys.argv[1]
+open(os.path.join(out, "made.json"), "w").write(json.dumps({"gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "nvls": os.environ.get("NCCL_NVLS_ENABLE"), "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+    "affinity": sorted(os.sched_getaffinity(0))}))
+raw = os.path.join(sys.argv[2], "raw")
+open(os.path.join(raw, "detail.txt"), "w").write("raw detail")
+print("stand-in wrote its output", flush=True)
+try:
+    time.sleep(float(sys.argv[3]))
+except KeyboardInterrupt:
+    print("stand-in interrupted: saving", flush=True)
+"""
+
+
+def _stand_in_matrix(tmp_path: Path, sleep: float, limit: int) -> Path:
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    matrix = tmp_path / "runs.toml"
+    run = f'script = "{script}"\nargs = ["{{out}}", "{{work}}", "{sleep}"]\nlimit = {limit}\noutputs = ["made.json"]\n'
+    matrix.write_text(f"[runs.slow]\n{run}pack = true\ncold_cache = true\n[runs.a]\n{run}[runs.b]\n{run}"
+                      f'[runs.both]\njobs = ["a", "b"]\nlimit = 60\n')
+    return matrix
+
+
+def test_a_run_is_stopped_at_its_limit_and_its_output_comes_back(tmp_path):
+    matrix = _stand_in_matrix(tmp_path, sleep=60, limit=2)
+    out = tmp_path / "out"
+    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "slow",
+                   env={"OUT": str(out)})
+    assert done.returncode == 1  # a stopped run counts as failed
+    assert "limit of 2 s reached" in done.stdout and "stand-in interrupted: saving" in done.stdout
+    record = json.loads((out / "runs.json").read_text())["runs"][0]
+    assert record["timed_out"] and record["seconds"] < 20
+    assert record["outputs"]["made.json"] > 0 and record["outputs"]["slow.tgz"] > 0
+    made = json.loads((out / "made.json").read_text())
+    assert made["nvls"] == "0"
+    assert made["cache"] == str(tmp_path / "work" / "slow" / "inductor_cache")  # cold: the run's own, fresh
+    with tarfile.open(out / "slow.tgz") as tar:
+        names = tar.getnames()
+        assert "slow.log" in names and "raw/detail.txt" in names
+        assert b"stand-in wrote its output" in tar.extractfile("slow.log").read()
+    assert sorted(p.name for p in out.iterdir()) == ["made.json", "runs.json", "slow.tgz"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None, reason="needs 2 CPUs and taskset")
+def test_jobs_run_side_by_side_each_on_its_gpu_and_own_cores(tmp_path):
+    matrix = _stand_in_matrix(tmp_path, sleep=0, limit=30)
+    out = tmp_path / "out"
+    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "2", "both",
+                   env={"OUT": str(out)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    a, b = (json.loads((out / job / "made.json").read_text()) for job in ("a", "b"))
+    assert (a["gpu"], b["gpu"]) == ("0", "1")
+    assert a["affinity"] and b["affinity"] and not set(a["affinity"]) & set(b["affinity"])
+    assert a["cache"] == str(tmp_path / "work" / "inductor_cache")  # warm: the shared one
+    record = json.loads((out / "runs.json").read_text())["runs"][0]
+    assert [j["job"] for j in record["jobs"]] == ["a", "b"]
+    assert all(j["runs"][0]["rc"] == 0 and "job " in j["runs"][0]["env"]["FLASHSAC_RUN_NOTE"] for j in record["jobs"])
+    assert not (out / "a" / "runs.json").exists()  # merged into the call's one runs.json
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == \
+        ["a/a.log", "a/made.json", "b/b.log", "b/made.json", "runs.json"]
+
+
+def test_a_run_needing_more_gpus_than_found_is_skipped(tmp_path):
+    matrix = _stand_in_matrix(tmp_path, sleep=0, limit=30)
+    out = tmp_path / "out"
+    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "both",
+                   env={"OUT": str(out)})
+    assert done.returncode == 1 and "skipped: needs 2 GPUs, found 1" in done.stdout
+    assert json.loads((out / "runs.json").read_text())["runs"][0]["skipped"] == "needs 2 GPUs, found 1"
+
+
+def test_physical_core_groups_keep_hyperthread_siblings_together(tmp_path):
+    # 8 logical CPUs, 4 cores: cpu i and cpu i+4 are siblings (the usual Linux numbering)
+    for cpu in range(8):
+        topo = tmp_path / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text("0\n")
+        (topo / "core_id").write_text(f"{cpu % 4}\n")
+    groups = driver.physical_core_groups(2, cpus=list(range(8)), sysfs=tmp_path)
+    assert groups == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert driver._ranges(groups[0]) == "0-1,4-5"
+
+
+# ---- before / after ------------------------------------------------------------------------
+
+def _cell(workload: str, ms: float, p90: float, cold: float, kernels: float | None) -> dict:
+    """One ours_graph cell with benchmark_learner's keys (run_cell, count_kernels)."""
+    cell = {
+        "variant": "ours_graph", "workload": workload, "batch_size": 256, "updates_per_step": 2, "policy_frequency": 2,
+        "obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29, "construct_s": 0.4, "cold_start_s": cold,
+        "warmup_iterations": 20, "warmup_ms": [ms] * 20, "iterations": 1500, "ms_median": ms, "ms_p90": p90, "ms_mean": ms,
+        "updates_per_s": 2 / (ms / 1e3), "peak_memory_mib": 120.0, "last_metrics": {"critic_loss": 0.5}, "finite": True,
+        "compile_phase_s": {"inductor_compile": cold / 2}, "graph_warmup_s": 0.2, "graph_capture_s": 0.3,
+    }
+    if kernels is not None:
+        cell.update(kernels_per_iteration=kernels, launches_per_iteration=1.0, kernel_us_per_iteration=900.0,
+                    kernels_under_5us_per_iteration=100.0, top_kernels=[])
+    return cell
+
+
+def _report(cell: dict) -> dict:
+    return {"experiment": "benchmark_learner", "timed": "host clock", "command": "python benchmark_learner.py",
+            "environment": {"date": "2026-01-01T00:00:00+00:00", "device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11.0",
+                            "python": "3.12.3", "triton": "3.6.0", "unilab": None},
+            "inductor_options": {}, "note": "", "cells": [cell], "ratios": []}
+
+
+def test_compare_computes_after_over_before_from_benchmark_reports(tmp_path):
+    raw = {
+        "before_W1_cold": _cell("W1", 1.50, 1.60, 50.0, 480), "before_W1_warm1": _cell("W1", 1.54, 1.62, 4.0, 480),
+        "after_W1_cold": _cell("W1", 1.47, 1.55, 40.0, 480), "after_W1_warm1": _cell("W1", 1.49, 1.57, 3.5, 480),
+        "before_W3_cold": _cell("W3", 9.0, 9.2, 60.0, 2000), "after_W3_cold": _cell("W3", 9.9, 10.1, 66.0, 2010),
+    }
+    for name, cell in raw.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(_report(cell)))
+    (tmp_path / "unrelated.json").write_text("{}")
+    report = before_after.compare(tmp_path)
+    w1, w3 = report["workloads"]["W1"], report["workloads"]["W3"]
+    assert w1["before"]["ms_median"] == pytest.approx(1.52) and w1["after"]["ms_median"] == pytest.approx(1.48)
+    assert w1["after_vs_before"]["ms_median"] == pytest.approx(1.48 / 1.52)
+    assert w1["after_vs_before"]["ms_p90"] == pytest.approx(1.56 / 1.61)
+    assert w1["after_vs_before"]["cold_start_s"] == pytest.approx(0.8)  # from the cold processes only
+    assert w1["before"]["ms_median_spread"] == pytest.approx(0.04 / 1.52)
+    assert w1["before"]["kernels_per_iteration"] == 480 and w1["after_vs_before"]["kernels_per_iteration"] == 1.0
+    assert w1["checks"] == {"ms_median_within_3pct": True, "kernels_equal": True, "cold_start_not_slower": True}
+    assert w3["after_vs_before"]["ms_median"] == pytest.approx(1.1)
+    assert w3["checks"] == {"ms_median_within_3pct": False, "kernels_equal": False, "cold_start_not_slower": False}
+    assert report["environment"]["gpu"] == "NVIDIA H200" and report["environment"]["triton"] == "3.6.0"
+
+
+def test_compare_reports_a_failed_cell_instead_of_a_number(tmp_path):
+    (tmp_path / "before_W1_cold.json").write_text(json.dumps(_report({"variant": "ours_graph", "workload": "W1", "error": "RuntimeError: boom"})))
+    (tmp_path / "after_W1_cold.json").write_text(json.dumps(_report(_cell("W1", 1.5, 1.6, 40.0, 480))))
+    report = before_after.compare(tmp_path)
+    assert report["errors"] == [{"file": "before_W1_cold.json", "error": "RuntimeError: boom"}]
+    assert report["workloads"]["W1"]["after_vs_before"]["ms_median"] is None
+
+
+BENCH_STAND_IN = """
+import argparse, json, os
+p = argparse.ArgumentParser()
+p.add_argument("--variants", nargs="+"); p.add_argument("--workloads", nargs="+"); p.add_argument("--iters", type=int)
+p.add_argument("--warmup", type=int); p.add_argument("--no-profile", action="store_true"); p.add_argument("--note")
+p.add_argument("--output")
+a = p.parse_args()
+import flashsac_opt
+ms = flashsac_opt.MS
+cell = {"variant": a.variants[0], "workload": a.workloads[0], "cold_start_s": 9.0 if "empty" in a.note else 1.0,
+        "ms_median": ms, "ms_p90": ms * 1.1, "iterations": a.iters, "kernels_per_iteration": 7.0,
+        "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
+json.dump({"cells": [cell], "environment": {"gpu": "stand-in"}}, open(a.output, "w"))
+"""
+
+
+def _side(root: Path, ms: float) -> None:
+    (root / "flashsac_opt").mkdir(parents=True)
+    (root / "flashsac_opt" / "__init__.py").write_text(f"MS = {ms}\n")
+    (root / "bench.py").write_text(BENCH_STAND_IN)
+
+
+def test_before_after_runs_each_side_on_its_own_tree_and_cache(tmp_path):
+    _side(tmp_path / "old", 2.0)
+    _side(tmp_path / "new", 1.0)
+    output = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(DEVICE / "before_after.py"), "run", "--before", f"{tmp_path / 'old'}:bench.py",
+                           "--after", f"{tmp_path / 'new'}:bench.py", "--workloads", "W1", "--rounds", "1", "--no-warm-up",
+                           "--time-limit", "120", "--work", str(tmp_path / "work"), "--output", str(output)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(output.read_text())
+    assert [p["name"] for p in report["processes"]] == ["before_W1_cold", "after_W1_cold", "after_W1_warm1", "before_W1_warm1"]
+    assert all(p["rc"] == 0 for p in report["processes"])
+    w1 = report["workloads"]["W1"]
+    assert w1["after_vs_before"]["ms_median"] == 0.5  # each side imported its own flashsac_opt
+    assert w1["before"]["cold_start_s"] == 9.0 and w1["before"]["processes"] == ["cold", "warm1"]
+    log = (tmp_path / "work" / "raw" / "before_W1_cold.log").read_text()
+    assert f"flashsac_opt from {tmp_path / 'old' / 'flashsac_opt' / '__init__.py'}" in log
+    raw = json.loads((tmp_path / "work" / "raw" / "after_W1_warm1.json").read_text())
+    assert raw["cells"][0]["cache"] == str(tmp_path / "work" / "cache" / "after_W1")  # the cache its cold process filled
+
+
+def test_a_side_that_would_import_the_other_trees_package_is_refused(tmp_path):
+    _side(tmp_path / "new", 1.0)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "bench.py").write_text(BENCH_STAND_IN)  # no flashsac_opt of its own
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, str(DEVICE / "before_after.py"), "run", "--before", f"{tmp_path / 'old'}:bench.py",
+                           "--after", f"{tmp_path / 'new'}:bench.py", "--workloads", "W1", "--rounds", "0", "--no-warm-up",
+                           "--time-limit", "60", "--work", str(work), "--output", str(tmp_path / "r.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "new")})
+    assert done.returncode == 0
+    assert "flashsac_opt would come from" in (work / "raw" / "before_W1_cold.log").read_text()
+    assert not (work / "raw" / "before_W1_cold.json").exists()
+
+
+def test_both_benchmark_scripts_take_the_arguments_before_after_passes():
+    matrix = driver.load_matrix()
+    args = matrix.runs["engine_before_after"].args
+    after_root, after_script = args[args.index("--after") + 1].split(":")
+    text = subprocess.run([sys.executable, str(REPO / after_root / after_script), "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60).stdout
+    for flag in ("--variants", "--workloads", "--iters", "--warmup", "--no-profile", "--note", "--output"):
+        assert flag in text, flag
+    assert "cold_start_s" in (REPO / after_root / after_script).read_text()  # the key compare reads
+
+
+def test_prepare_baseline_extracts_a_tree_that_imports(tmp_path):
+    commit = "7ed485a"
+    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip(f"{commit} is not in this clone")
+    matrix = driver.load_matrix()
+    dest = driver.prepare_baseline(matrix, commit, tmp_path / "baseline")
+    assert (dest / "BASELINE_COMMIT").read_text().startswith("7ed485a")
+    assert (dest / "experiments" / "benchmark_learner.py").is_file() and (dest / "experiments" / "common.py").is_file()
+    assert not [p for p in dest.rglob("*") if p.is_symlink()]
+    done = subprocess.run([sys.executable, "-c", "import flashsac_opt.learner, flashsac_opt.replay; print(flashsac_opt.__file__)"],
+                          cwd=dest, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(dest)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(dest / "flashsac_opt" / "__init__.py")
