@@ -12,7 +12,7 @@ reads the run's TensorBoard events and writes JSON:
 
     python experiments/benchmark_flashsac_training.py --learner flashsac_opt --mode graph \\
         --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
-        --output results/training_u8_flashsac_opt_graph.json
+        --output results/trainings/training_u8_b256_flashsac_opt_graph_s1.json
 
 `--time-limit SECONDS` interrupts the training as Ctrl-C would (UniLab shuts down cleanly and
 keeps its events) and summarizes the iterations logged so far, at most their second half

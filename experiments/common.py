@@ -1,9 +1,10 @@
-"""Shared command-line plumbing of the GPU experiments."""
+"""Shared command-line and JSON plumbing of the experiments (imported by every script)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Callable
 
 
@@ -43,7 +44,7 @@ def run_environment(device: str, packages: tuple[str, ...] = ()) -> dict:
 
 def host_share() -> dict:
     """What of the host this process had: a device call may run two jobs side by side, one
-    per GPU, each pinned to half of the cores (experiments/gpu_two_jobs.sh says so in
+    per GPU, each pinned to half of the cores (the device driver says so in
     FLASHSAC_RUN_NOTE)."""
     import os
 
@@ -56,12 +57,26 @@ def host_share() -> dict:
     }
 
 
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """--output JSON, --plot figure and --plot-only (redraw a figure from an existing JSON)."""
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
+
+
+def plot_only(parser: argparse.ArgumentParser, args: argparse.Namespace, plot: Callable) -> bool:
+    """Handle --plot-only: redraw --plot from an existing JSON (returns True: done)."""
+    if not args.plot_only:
+        return False
+    if not args.plot:
+        parser.error("--plot-only needs --plot PATH")
+    plot(json.loads(args.plot_only.read_text()), args.plot)
+    return True
+
+
 def plot_only_or_require_cuda(parser: argparse.ArgumentParser, args: argparse.Namespace, plot: Callable) -> bool:
     """Handle --plot-only (returns True: done) or fail cleanly without a CUDA device."""
-    if args.plot_only:
-        if not args.plot:
-            parser.error("--plot-only needs --plot PATH")
-        plot(json.loads(args.plot_only.read_text()), args.plot)
+    if plot_only(parser, args, plot):
         return True
     import torch
 

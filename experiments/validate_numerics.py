@@ -6,20 +6,23 @@ and writes JSON with the relative difference of every per-update loss and of eve
 tensor (weights, BN statistics, target critic, temperature, Adam moments, reward
 normalizer), with pass/fail against the stated tolerances.
 
-    python experiments/validate_numerics.py --device cpu --iterations 20 --output results/numerics_cpu.json
+    python experiments/validate_numerics.py --device cpu --iterations 20 --output results/numerics/numerics_cpu_fp32.json
+
+Without --output the JSON goes to the system temp directory (the path is printed), so a
+trial run never replaces the committed results.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import run_environment, write_report
 
 # fp32 differences must be at rounding level; bf16 autocast rounds activations to 8 bits of
 # mantissa, and the two learners may round a few intermediate values differently.
@@ -27,28 +30,16 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
 
 
 def environment(device: str) -> dict:
-    import importlib.metadata as md
-
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": device,
-        "unilab": md.version("unilab"),
-        "cpu": platform.processor() or platform.machine(),
-    }
+    env = {**run_environment(device, packages=("unilab",)), "cpu": platform.processor() or platform.machine()}
     if device == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda
     return env
 
 
-def finish(report: dict, output: Path | None, console) -> int:
-    """Write the JSON (if asked) and turn pass/fail into the exit status."""
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(report, indent=1))
-        console.print(f"wrote {output}")
+def finish(report: dict, output: Path, console) -> int:
+    """Write the JSON and turn pass/fail into the exit status."""
+    write_report(report, output)
+    console.print(f"wrote {output}")
     return 0 if report["passed"] else 1
 
 
@@ -65,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-modes", nargs="*", choices=["compile", "graph"], default=None,
                         help="instead of UniLab: compare these learner modes with eager (drift curves)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compare-modes")
-    parser.add_argument("--output", type=Path, default=None, help="JSON path (default: print only)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON path (default: numerics[_modes]_<device>_<dtype>.json in the system temp directory, "
+                             "so the committed results/numerics/ files change only when named here)")
     args = parser.parse_args(argv)
+    if args.output is None:
+        name = f"numerics{'_modes' if args.compare_modes is not None else ''}_{args.device}_{args.dtype}.json"
+        args.output = Path(tempfile.gettempdir()) / name
 
     if args.iterations < 1:
         parser.error("--iterations must be >= 1")
@@ -140,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         "tolerance_rel": tolerance,
         "relative_difference": "max|ours - unilab| / max|unilab| per tensor; |ours - unilab| / |unilab| per loss",
         "environment": environment(args.device),
-        "command": " ".join(["python", *sys.argv]),
         "cases": cases,
         "passed": all(c["passed"] for c in cases),
     }
@@ -198,7 +193,6 @@ def compare_modes_main(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "criterion": "final norm-relative parameter drift <= 10 x drift of an eager run perturbed by 1e-7 (rounding floor) + 1e-6",
         "environment": environment(args.device),
-        "command": " ".join(["python", *sys.argv]),
         "cases": cases,
         "passed": all(all(c["passed"].values()) for c in cases),
     }

@@ -14,7 +14,7 @@ Checks, written to JSON (+ a figure of the drift and memory curves):
 - the mode tracks eager: final norm-relative parameter drift <= 10x the rounding floor's.
 
     python experiments/validate_replay_stability.py --device cuda --iterations 1000 \\
-        --output results/replay_stability.json --plot results/replay_stability.png
+        --output results/replay_stability/replay_stability.json --plot results/replay_stability/replay_stability.png
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from common import load_replay_file, run_environment, write_report
+from report import plotting
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_REPLAY = REPO / "tests" / "data" / "replay_g1_cpu.pt"
@@ -40,36 +41,18 @@ def finite_state(learner) -> bool:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    curves = report["drift"]
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(12, 4.5))
     mode = report["mode"]
-    for name, style in ((mode, "-"), ("rounding_floor", "--")):
-        for net, color in (("actor", "tab:blue"), ("critic", "tab:orange")):
-            ax1.plot(curves[name][net], style, color=color, label=f"{name}: {net}")
-    ax1.set_yscale("log")
-    ax1.set_xlabel("iteration")
-    ax1.set_ylabel("||params - eager params|| / ||eager params||")
-    ax1.set_title(f"{mode} vs eager on real G1 replay")
-    ax1.legend(fontsize=8)
-    ax1.grid(alpha=0.3)
+    plotting.drift_panel(ax1, report["drift"], ((mode, "-"), ("rounding_floor", "--")), "eager params",
+                         f"{mode} vs eager on real G1 replay")
     memory = report["memory_mib"]
     if not memory:
         ax2.text(0.5, 0.5, "not measured on CPU", ha="center", va="center", transform=ax2.transAxes)
     ax2.plot(memory, marker=".", markersize=2)
     ax2.axvline(WARMUP, color="grey", linestyle=":", label="end of warm-up")
-    ax2.set_xlabel("iteration")
-    ax2.set_ylabel("allocated MiB (all learners)")
-    ax2.set_title(f"device memory ({report['environment']['device']})")
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
+    plotting.finish_axis(ax2, "iteration", "allocated MiB (all learners)", f"device memory ({report['environment']['device']})")
     fig.suptitle(f"validate_replay_stability: {report['iterations']} iterations, {'PASS' if report['passed'] else 'FAIL'}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plotting.save(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             memory.append(torch.cuda.memory_allocated() / 2**20)
         if it == WARMUP - 1:
             baseline["graphs"] = counters["stats"].get("unique_graphs", 0)
-            graph = getattr(learners[args.mode], "_graph", None)
+            graph = learners[args.mode].engine.graph  # None in compile mode: nothing to recapture
             baseline["captures"] = graph.captures if graph is not None else 0
         if it % args.check_every == 0 or it == args.iterations - 1:
             if not all(finite_state(learner) for learner in learners.values()):
@@ -155,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if stopped_early and not all(finite_state(learner) for learner in learners_holder.values()):
         nonfinite.append(iterations_run - 1)  # the last iteration run is checked as a full run's last is
     tested = learners_holder[args.mode]
-    graph = getattr(tested, "_graph", None)
+    graph = tested.engine.graph
     recompiles = counters["stats"].get("unique_graphs", 0) - baseline.get("graphs", 0)
     recaptures = (graph.captures if graph is not None else 0) - baseline.get("captures", 0)
     steady = memory[WARMUP:]

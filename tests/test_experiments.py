@@ -1,5 +1,6 @@
 """Command-line handling and JSON schema of the experiments (CPU)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,14 +13,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run(script, *args):
+    """Run experiments/<script> (a path below experiments/) as a command, as its users do."""
     return subprocess.run([sys.executable, str(REPO / "experiments" / script), *args], capture_output=True, text=True, timeout=600)
 
 
+def load(script):
+    """experiments/<script> imported as a module; the sys.path entry it adds for its own
+    imports is taken out again."""
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / "experiments" / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
 def test_benchmark_rejects_bad_options_and_needs_cuda():
-    bad = run("benchmark_learner.py", "--workloads", "W9")
+    bad = run("bench/benchmark_learner.py", "--workloads", "W9")
     assert bad.returncode == 2 and "invalid choice: 'W9'" in bad.stderr
     if not torch.cuda.is_available():
-        no_gpu = run("benchmark_learner.py", "--workloads", "W1")
+        no_gpu = run("bench/benchmark_learner.py", "--workloads", "W1")
         assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr
         assert "Traceback" not in no_gpu.stderr
 
@@ -27,17 +42,13 @@ def test_benchmark_rejects_bad_options_and_needs_cuda():
 def test_benchmark_plot_only_redraws_a_committed_result(tmp_path):
     source = REPO / "results" / "learner_benchmark" / "benchmark_learner_side_by_side_W1.json"
     out = tmp_path / "chart.png"
-    done = run("benchmark_learner.py", "--plot-only", str(source), "--plot", str(out))
+    done = run("bench/benchmark_learner.py", "--plot-only", str(source), "--plot", str(out))
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
 def test_benchmark_ratios_compare_modes_within_one_workload():
-    sys.path.insert(0, str(REPO / "experiments"))
-    try:
-        from benchmark_learner import ratios
-    finally:
-        sys.path.pop(0)
+    ratios = load("bench/benchmark_learner.py").ratios
     cell = lambda v, w, ms, k: {"variant": v, "workload": w, "ms_median": ms, "kernels_per_iteration": k}
     cells = [
         cell("unilab_graph", "W1", 2.0, 800), cell("unilab_compile", "W1", 10.0, 800),
@@ -162,11 +173,11 @@ def test_replay_sampling_benchmark_plot_only_and_needs_cuda(tmp_path):
     }
     source, png = tmp_path / "r.json", tmp_path / "r.png"
     source.write_text(json.dumps(report))
-    done = run("benchmark_replay_sampling.py", "--plot-only", str(source), "--plot", str(png))
+    done = run("bench/benchmark_replay_sampling.py", "--plot-only", str(source), "--plot", str(png))
     assert done.returncode == 0, done.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
     if not torch.cuda.is_available():
-        no_gpu = run("benchmark_replay_sampling.py")
+        no_gpu = run("bench/benchmark_replay_sampling.py")
         assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr
 
 
@@ -188,7 +199,7 @@ def test_time_reward_plot_bands_over_seeds(tmp_path):
         _fake_run(tmp_path / f"fast{seed}", 0.5, offset)
         _fake_run(tmp_path / f"slow{seed}", 2.0, offset)
     out, png = tmp_path / "tr.json", tmp_path / "tr.png"
-    done = run("plot_time_reward.py", "--group", "fast", *(str(tmp_path / f"fast{s}") for s in range(3)),
+    done = run("report/plot_time_reward.py", "--group", "fast", *(str(tmp_path / f"fast{s}") for s in range(3)),
                "--group", "slow", *(str(tmp_path / f"slow{s}") for s in range(3)), "--output", str(out), "--plot", str(png))
     assert done.returncode == 0, done.stderr
     groups = json.loads(out.read_text())["groups"]
@@ -196,7 +207,7 @@ def test_time_reward_plot_bands_over_seeds(tmp_path):
     assert groups["fast"]["min"][-1] == pytest.approx(18.0) and groups["fast"]["max"][-1] == pytest.approx(20.0)
     assert groups["fast"]["mean"][-1] == pytest.approx(19.0)
     assert png.stat().st_size > 10_000
-    missing = run("plot_time_reward.py", "--group", "x", str(tmp_path / "nope"), "--output", str(out), "--plot", str(png))
+    missing = run("report/plot_time_reward.py", "--group", "x", str(tmp_path / "nope"), "--output", str(out), "--plot", str(png))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
@@ -206,7 +217,7 @@ def test_time_reward_plot_reads_training_json_time_from_launch(tmp_path):
         rows = [{"wall_s": 30.0 + i, "reward": float(i + seed)} for i in range(10)] + [{"wall_s": 40.0}]  # last row: no reward
         (tmp_path / f"run{seed}.json").write_text(json.dumps({"rows_all": rows, "run_dir": "/gone/on/the/device"}))
     out, png = tmp_path / "tr.json", tmp_path / "tr.png"
-    done = run("plot_time_reward.py", "--group", "json", str(tmp_path / "run0.json"), str(tmp_path / "run1.json"),
+    done = run("report/plot_time_reward.py", "--group", "json", str(tmp_path / "run0.json"), str(tmp_path / "run1.json"),
                "--output", str(out), "--plot", str(png))
     assert done.returncode == 0, done.stderr
     group = json.loads(out.read_text())["groups"]["json"]
@@ -217,14 +228,14 @@ def test_time_reward_plot_reads_training_json_time_from_launch(tmp_path):
     assert since["start_s"] == [30.0, 30.0] and since["grid_s"][-1] == 9.0
     assert (since["mean"][0], since["min"][0], since["max"][0]) == (0.5, 0.0, 1.0)
     _fake_run(tmp_path / "dir", 0.5, 0.0)
-    mixed = run("plot_time_reward.py", "--group", "m", str(tmp_path / "run0.json"), str(tmp_path / "dir"), "--output", str(out), "--plot", str(png))
+    mixed = run("report/plot_time_reward.py", "--group", "m", str(tmp_path / "run0.json"), str(tmp_path / "dir"), "--output", str(out), "--plot", str(png))
     assert mixed.returncode == 2 and "mixes training JSON" in mixed.stderr
 
 
 def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     """Two gloo ranks on CPU (eager): the multi-GPU benchmark's JSON schema and plot."""
     out, png = tmp_path / "mg.json", tmp_path / "mg.png"
-    done = run("benchmark_multigpu.py", "--device", "cpu", "--nproc", "1", "2", "--workloads", "T", "--iters", "2",
+    done = run("bench/benchmark_multigpu.py", "--device", "cpu", "--nproc", "1", "2", "--workloads", "T", "--iters", "2",
                "--warmup", "1", "--capacity", "256", "--output", str(out), "--plot", str(png))
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
@@ -239,7 +250,7 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert len(two["ranks_ms_median"]) == 2 and two["scaling_efficiency"] == one["ms_median"] / two["ms_median"]
     assert two["collective_ms_per_iteration"] == max(0.0, two["ms_median"] - one["ms_median"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = run("benchmark_multigpu.py", "--device", "cpu", "--mode", "graph")
+    bad = run("bench/benchmark_multigpu.py", "--device", "cpu", "--mode", "graph")
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -248,7 +259,7 @@ def test_data_parallel_diagnosis_gloo_rehearsal_finds_no_difference(tmp_path):
     """diagnose_nccl_graph.py without CUDA: 2 gloo ranks, eager and the per-step trace (aot_eager):
     every step's inputs and parameters agree across ranks, and the JSON records what it ran."""
     out = tmp_path / "diag.json"
-    done = run("diagnose_nccl_graph.py", "--iterations", "2", "--modes", "eager", "trace", "--output", str(out))
+    done = run("archive/diagnose_nccl_graph.py", "--iterations", "2", "--modes", "eager", "trace", "--output", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["eager"]["differing_tensors_per_iteration"] == [{}, {}]
@@ -264,7 +275,7 @@ def test_rerecord_diagnosis_drives_the_runner_actions_and_reports_each_variant(t
     runs in its own process through the UniLab adapter, with the runner's actions, and the
     JSON says per variant what ran, how far and how fast."""
     out = tmp_path / "rerecord.json"
-    done = run("diagnose_compile_rerecord.py", "--mode", "eager", "--variants", "bare", "runner", "--iterations", "4",
+    done = run("archive/diagnose_compile_rerecord.py", "--mode", "eager", "--variants", "bare", "runner", "--iterations", "4",
                "--updates-per-step", "2", "--batch-size", "16", "--num-envs", "8", "--save-interval", "2", "--output", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -274,18 +285,14 @@ def test_rerecord_diagnosis_drives_the_runner_actions_and_reports_each_variant(t
         assert result["error"] is None and result["iterations_done"] == 4 and result["ms_median"] > 0
         assert result["graphs_compiled_after_warmup"] == 0 and result["rerecords_after_warmup"] is None
     assert report["environment"]["device"] == "cpu" and report["workload"]["batch_size"] == 16
-    bad = run("diagnose_compile_rerecord.py", "--iterations", "2", "--output", str(out))
+    bad = run("archive/diagnose_compile_rerecord.py", "--iterations", "2", "--output", str(out))
     assert bad.returncode == 2 and "warm-up" in bad.stderr
 
 
 def test_multigpu_collective_cost_is_measured_against_the_same_code_path():
     """Efficiency against the best single GPU; the collective's cost against one GPU on the
     data-parallel (unfused) path, so fusing is not booked as communication."""
-    sys.path.insert(0, str(REPO / "experiments"))
-    try:
-        from benchmark_multigpu import add_scaling
-    finally:
-        sys.path.pop(0)
+    add_scaling = load("bench/benchmark_multigpu.py").add_scaling
     cells = [
         {"workload": "W3", "world_size": 1, "ms_median": 8.0},
         {"workload": "W3", "world_size": 1, "ms_median": 9.0, "baseline_of_collectives": True},
@@ -307,7 +314,7 @@ def test_multigpu_collective_cost_is_measured_against_the_same_code_path():
 
 def test_bf16_obs_storage_experiment_short_cpu_run(tmp_path):
     out = tmp_path / "bf16.json"
-    done = run("validate_bf16_obs_storage.py", "--iterations", "2", "--batch-size", "16", "--output", str(out))
+    done = run("validate/validate_bf16_obs_storage.py", "--iterations", "2", "--batch-size", "16", "--output", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["stored_row_bytes"]["bf16_obs"] < report["stored_row_bytes"]["fp32"]
@@ -321,7 +328,7 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     runs = sorted((REPO / "results" / "trainings").glob("training_*.json"))
     assert len(runs) >= 4
     out, md = tmp_path / "summary.json", tmp_path / "summary.md"
-    done = run("summarize_trainings.py", *map(str, runs), "--output", str(out), "--markdown", str(md))
+    done = run("report/summarize_trainings.py", *map(str, runs), "--output", str(out), "--markdown", str(md))
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())["runs"]
     by = {(r["updates_per_step"], r["batch_size"], r["learner"], r["mode"], r["seed"]): r for r in summary}
@@ -334,27 +341,39 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert md.read_text().count("\n") == 2 + len(runs)
     # a run cut by its time limit is not complete, and says why
     assert all(r["completed"] or r["stopped_by_time_limit"] for r in summary)
+    # ... in the table as well, on its own row; the committed reports predate the recorded
+    # Inductor cache field, so every row says "unknown" there rather than a guess
+    assert any(r["stopped_by_time_limit"] for r in summary)
+    for r, line in zip(summary, md.read_text().splitlines()[2:], strict=True):
+        assert line.startswith(f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} |")
+        assert ("(time limit)" in line) == r["stopped_by_time_limit"]
+        assert r["inductor_cache_warm_at_launch"] is None and "| unknown |" in line
     # batch 2048 compares with stock UniLab's graph mode at batch 2048, not at 256
     b2048 = by[(8, 2048, "flashsac_opt", "graph", 1)]
     assert b2048["learner_ms_vs_unilab_default"] == b2048["learner_ms_median"] / by[(8, 2048, "unilab", "graph", 1)]["learner_ms_median"]
     # ... and without that reference a row has no ratio (stock's B2048 run left out)
-    # (that row as a report that records a warm Inductor cache at launch: its first update says so)
+    # (that row as reports that record a warm and a cold Inductor cache at launch: the table says which)
     report = json.loads((REPO / "results" / "trainings" / b2048["file"]).read_text())
-    report["inductor_cache_at_launch"] = {"dir": "/tmp/torchinductor_root", "files": 12, "warm": True}
-    (tmp_path / "warm.json").write_text(json.dumps(report))
-    alone = run("summarize_trainings.py", str(tmp_path / "warm.json"), "--output", str(tmp_path / "a.json"), "--markdown", str(tmp_path / "a.md"))
+    for state, files in (("warm", 12), ("cold", 0)):
+        report["inductor_cache_at_launch"] = {"dir": str(tmp_path / "inductor_cache"), "files": files, "warm": state == "warm"}
+        (tmp_path / f"{state}.json").write_text(json.dumps(report))
+    alone = run("report/summarize_trainings.py", str(tmp_path / "warm.json"), str(tmp_path / "cold.json"),
+                "--output", str(tmp_path / "a.json"), "--markdown", str(tmp_path / "a.md"))
     assert alone.returncode == 0, alone.stderr
-    (row,) = json.loads((tmp_path / "a.json").read_text())["runs"]
-    assert row.get("learner_ms_vs_unilab_default") is None and row["inductor_cache_warm_at_launch"] is True
-    assert f"| {b2048['first_learner_iteration_s']:.0f} (warm cache) |" in (tmp_path / "a.md").read_text()
+    warm_row, cold_row = json.loads((tmp_path / "a.json").read_text())["runs"]
+    assert warm_row.get("learner_ms_vs_unilab_default") is None and warm_row["inductor_cache_warm_at_launch"] is True
+    assert cold_row["inductor_cache_warm_at_launch"] is False
+    warm_line, cold_line = (tmp_path / "a.md").read_text().splitlines()[2:]
+    assert f"| warm | {b2048['first_learner_iteration_s']:.0f} |" in warm_line
+    assert f"| cold | {b2048['first_learner_iteration_s']:.0f} |" in cold_line
     assert b2048["inductor_cache_warm_at_launch"] is None  # written before the field: unknown, not cold
-    # the U8 compile run of session 5 crashed after 172 of 1000 iterations (exit status 0); its
-    # reruns completed (results/trainings), the crashed report is kept under raw/
+    # the U8 compile run that crashed after 172 of 1000 iterations (exit status 0) was rerun to
+    # completion (results/trainings); the crashed report is kept under results/trainings/raw/
     assert by[(8, 256, "flashsac_opt", "compile", 1)]["completed"]
     crashed_file = REPO / "results" / "trainings" / "raw" / "training_u8_b256_flashsac_opt_compile_s1_crashed_2026-11-29.json"
-    done = run("summarize_trainings.py", str(crashed_file), "--output", str(tmp_path / "c.json"), "--markdown", str(md))
+    done = run("report/summarize_trainings.py", str(crashed_file), "--output", str(tmp_path / "c.json"), "--markdown", str(md))
     assert done.returncode == 0, done.stderr
     (crashed,) = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert not crashed["completed"] and not crashed["stopped_by_time_limit"] and "ended early" in md.read_text()
-    bad = run("summarize_trainings.py", str(REPO / "results" / "replay_sampling" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
+    bad = run("report/summarize_trainings.py", str(REPO / "results" / "replay_sampling" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,4 +1,4 @@
-"""Where do two NCCL ranks of a data-parallel learner stop being bit-identical? (issue 7)
+"""Where do two NCCL ranks of a data-parallel learner stop being bit-identical?
 
 Two processes, one GPU each. (1) A captured all-reduce on its own: a graph holding
 cat -> all_reduce -> /2 -> copy, replayed on new inputs; the ranks' outputs compared after
@@ -6,11 +6,12 @@ every replay. (2) The data-parallel learner in each of --modes: after every iter
 ranks' state is gathered (outside any graph) and compared: which tensors differ, by how
 much. "trace" compares every optimizer step's inputs and parameters (compile mode), and
 --two-devices runs the same learner on cuda:0 and cuda:1 in one process, without
-torch.distributed. On the H200 (session 5) the captured all-reduce and eager mode were
-bit-identical across ranks; compile and graph mode differed by ~1 ulp in the parameters
-(Adam moments, BN statistics and temperature identical), with Inductor's deterministic
-mode as well (results/device/diagnose_nccl_*_2026-11-29_s5.json).
-    python experiments/diagnose_nccl_graph.py --modes trace graph --two-devices --output diagnose.json
+torch.distributed. On two H200s the captured all-reduce and eager mode were bit-identical
+across ranks; compile and graph mode differed by ~1 ulp in the parameters (Adam moments, BN
+statistics and temperature identical), with Inductor's deterministic mode as well
+(results/diagnose_nccl_graph/diagnose_nccl_*_2026-11-29.json).
+
+    python experiments/archive/diagnose_nccl_graph.py --modes trace graph --two-devices --output diagnose.json
     (without CUDA: a 2-process gloo rehearsal of eager mode)
 """
 
@@ -27,8 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import run_environment  # noqa: E402  (experiments/ is the script's directory)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
+from common import run_environment  # noqa: E402
 from flashsac_opt.config import FlashSACConfig  # noqa: E402
 from flashsac_opt.data_parallel import named_tensors  # noqa: E402
 from flashsac_opt.learner import FlashSACLearner  # noqa: E402
@@ -119,21 +120,34 @@ def learner_run(device, mode: str, iterations: int) -> dict:
 
 def apply_trace(device, iterations: int) -> list[dict]:
     """compile mode, every optimizer step between the ranks' average and the parameters:
-    the ranks' largest difference in the step's inputs, in the parameters before it and after."""
-    learner = rank_learner(device, "compile")
-    events: list[dict] = []
-    for name, net in (("critic_apply", learner.critic), ("actor_apply", learner.actor)):
-        step = learner._fn[name]
+    the ranks' largest difference in the step's inputs, in the parameters before it and after.
 
-        def traced(*args, _step=step, _name=name, _param=net.params):
+    The data-parallel learner takes the split update form (the all-reduce sits between loss
+    and step), in which the engine compiles each network's ``apply`` on its own; the trace
+    wraps each compiled ``apply`` from outside, so the compiled code is the one training runs."""
+    learner = rank_learner(device, "compile")
+    engine = learner.engine
+    steps = {id(update.apply): (f"{name}_apply", update.params) for name, update in engine._networks.items()}
+    compile_one = engine._compile
+    events: list[dict] = []
+
+    def compile_traced(fn):
+        compiled = compile_one(fn)
+        if id(fn) not in steps:
+            return compiled
+        name, param = steps[id(fn)]
+
+        def traced(*args):
             inputs = rank_difference({f"input{i}": a for i, a in enumerate(args) if isinstance(a, torch.Tensor)})
-            before = rank_difference({"param": _param})["param"]
-            out = _step(*args)
-            events.append({"step": _name, "inputs": max(inputs.values()), "param_before": before,
-                           "param_after": rank_difference({"param": _param})["param"]})
+            before = rank_difference({"param": param})["param"]
+            out = compiled(*args)
+            events.append({"step": name, "inputs": max(inputs.values()), "param_before": before,
+                           "param_after": rank_difference({"param": param})["param"]})
             return out
 
-        learner._fn[name] = traced
+        return traced
+
+    engine._compile = compile_traced  # before the first update: the engine compiles on it
     train(learner, device, iterations)
     return events
 
@@ -166,7 +180,7 @@ def worker(rank: int, store: str, iterations: int, path: str, modes: tuple[str, 
     global DEVICE
     CONFIG_OVERRIDES.update(overrides)
     if cache_per_rank:  # each rank compiles and autotunes on its own (no shared Inductor cache)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/inductor_cache_rank{rank}_{os.getpid()}"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"inductor_cache_rank{rank}_{os.getpid()}")
     os.environ.update(NCCL_NVLS_ENABLE="0")
     cuda = torch.cuda.is_available()  # without CUDA: a gloo rehearsal of the eager part
     DEVICE = device = torch.device("cuda", rank) if cuda else torch.device("cpu")

@@ -17,8 +17,9 @@ Replay traffic per iteration (seed 003 Tier 2): rows and bytes each rank samples
 GPU: no H2D), the global sum, the bytes each rank all-reduces, and the global sample:new
 ratio against one collector writing --new-rows rows per iteration (2048: motion tracking).
 
-    python experiments/benchmark_multigpu.py --nproc 1 2 4 8 --workloads W3 W4 --output results/benchmark_multigpu.json --plot results/benchmark_multigpu.png
-    python experiments/benchmark_multigpu.py --device cpu --nproc 1 2 --workloads T --iters 3   # CPU smoke (gloo, eager)
+    python experiments/bench/benchmark_multigpu.py --nproc 1 2 4 8 --workloads W3 W4 \\
+        --output results/multigpu/benchmark_multigpu.json --plot results/multigpu/benchmark_multigpu.png
+    python experiments/bench/benchmark_multigpu.py --device cpu --nproc 1 2 --workloads T --iters 3   # CPU smoke (gloo, eager)
 
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the device notes require.
 """
@@ -36,7 +37,9 @@ import time
 import traceback
 from pathlib import Path
 
-from common import percentile, run_environment
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import add_output_arguments, percentile, plot_only, run_environment, write_report  # noqa: E402
+from report import plotting  # noqa: E402
 
 WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -201,35 +204,28 @@ def environment(args) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = [c for c in report["cells"] if "ms_median" in c]
     workloads = sorted({c["workload"] for c in cells})
-    fig, axes = plt.subplots(1, max(len(workloads), 1), figsize=(5.5 * max(len(workloads), 1), 4.5), squeeze=False)
+    fig, axes = plotting.subplots(1, max(len(workloads), 1), figsize=(5.5 * max(len(workloads), 1), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads):
         rows = sorted((c for c in cells if c["workload"] == wname),
                       key=lambda c: (c["world_size"], not c.get("baseline_of_collectives", False)))
-        xs = [f"{c['world_size']}\n(unfused)" if c.get("baseline_of_collectives") else str(c["world_size"]) for c in rows]
-        bars = ax.bar(xs, [c["ms_median"] for c in rows],
-                      color=["#9ecae1" if c.get("baseline_of_collectives") else "#08519c" for c in rows],
-                      yerr=[[0] * len(rows), [c["ms_p90"] - c["ms_median"] for c in rows]], capsize=3)
+
         def label(c: dict) -> str:
             text = f"{c['ms_median']:.2f} ms\n" + ("no all-reduce" if c.get("baseline_of_collectives") else f"{c.get('scaling_efficiency', 1.0):.0%}")
             return text + ("\nranks not bit-identical" if c["world_size"] > 1 and c.get("ranks_bit_identical") is False else "")
 
-        ax.bar_label(bars, labels=[label(c) for c in rows], fontsize=8)
+        plotting.bars(ax, [f"{c['world_size']}\n(unfused)" if c.get("baseline_of_collectives") else str(c["world_size"]) for c in rows],
+                      [c["ms_median"] for c in rows], [label(c) for c in rows],
+                      upper=[c["ms_p90"] - c["ms_median"] for c in rows],
+                      color=["#9ecae1" if c.get("baseline_of_collectives") else "#08519c" for c in rows])
         ax.set_ylim(top=1.25 * max(c["ms_p90"] for c in rows))  # room for the labels under the title
-        ax.set_xlabel("GPUs (ranks)")
-        ax.set_ylabel("ms per iteration (median; whisker p90)")
-        ax.set_title(f"{wname}: B{rows[0]['batch_size']} x {rows[0]['updates_per_step']} per rank (label: efficiency)")
-        ax.grid(axis="y", alpha=0.3)
+        plotting.finish_axis(ax, "GPUs (ranks)", "ms per iteration (median; whisker p90)",
+                             f"{wname}: B{rows[0]['batch_size']} x {rows[0]['updates_per_step']} per rank (label: efficiency)", legend=False,
+                             grid_axis="y")
     env = report["environment"]
     fig.suptitle(f"Data-parallel flashsac_opt ({report['mode']} mode, {env.get('gpu') or env.get('device')}, torch {env.get('torch')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    plotting.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,14 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-timeout", type=float, default=300.0, help="seconds one world size may take (compile included)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--output", type=Path)
-    parser.add_argument("--plot", type=Path)
-    parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
-    if args.plot_only:
-        if not args.plot:
-            parser.error("--plot-only needs --plot PATH")
-        plot(json.loads(args.plot_only.read_text()), args.plot)
+    if plot_only(parser, args, plot):
         return 0
     import torch
 
@@ -296,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             print("   " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items()
                                       if k in ("ms_median", "ms_p90", "scaling_efficiency", "collective_share", "error")}), flush=True)
             if args.output:
-                args.output.parent.mkdir(parents=True, exist_ok=True)
-                args.output.write_text(json.dumps(report, indent=1))
+                write_report(report, args.output)
     if args.plot:
         plot(report, args.plot)
     return 0

@@ -1,4 +1,4 @@
-"""Why is compile mode slow (and at U8 crashing) inside UniLab's runner but not in the learner benchmark? (issue 5)
+"""Why is compile mode slow (and at U8 crashing) inside UniLab's runner but not in the learner benchmark?
 
 Inside UniLab's off-policy runner, flashsac_opt's compile mode ran 11.4 ms per U2 iteration
 (the learner benchmark: ~2 ms) and at U8 crashed after 171 iterations in Inductor's
@@ -15,11 +15,12 @@ those runner actions to the benchmark's loop ("bare"), plus "runner" with all of
 Per variant: ms per iteration after warm-up (median, p90), Dynamo graphs compiled after
 warm-up, cudagraph-tree re-recordings and their reasons (the trees' own debug log),
 recorded graphs, cudagraph skips, and whether the run raised.
-Session 6 on the H200 (results/device/diagnose_compile_rerecord_2026-11-29_s6.json): 0
+On the H200 (results/diagnose_compile_rerecord/diagnose_compile_rerecord_2026-11-29.json): 0
 re-records and 0 recompiles in every variant. The runner's slowness had another cause:
 patch 0001 v2 did not pass the runner's batch size, so the learner chose the split update
 path meant for its default batch 2048 (fixed in v3; FLASH_SAC_OPTIMIZATION.md).
-    python experiments/diagnose_compile_rerecord.py --output diagnose_rerecord.json
+
+    python experiments/archive/diagnose_compile_rerecord.py --output diagnose_rerecord.json
     (without CUDA: a CPU rehearsal; there are no cudagraph trees to count)
 """
 
@@ -39,8 +40,8 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import percentile, run_environment  # noqa: E402  (experiments/ is the script's directory)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
+from common import percentile, run_environment  # noqa: E402
 
 ACTIONS = ("prepare", "reward_stats", "explore", "checkpoint")
 VARIANTS = {"bare": (), **{a: (a,) for a in ACTIONS}, "runner": ACTIONS}

@@ -8,8 +8,8 @@ critic weights perturbed by 1e-7 relative once (how far two runs differing only 
 drift apart). Reported per iteration: norm-relative parameter drift from `fp32` and the
 relative difference of the per-update losses; plus the storage's own rounding error.
 
-    python experiments/validate_bf16_obs_storage.py --iterations 300 \\
-        --output results/bf16_obs_storage_cpu.json --plot results/bf16_obs_storage_cpu.png
+    python experiments/validate/validate_bf16_obs_storage.py --iterations 300 \\
+        --output results/bf16_obs_storage/bf16_obs_storage_cpu.json --plot results/bf16_obs_storage/bf16_obs_storage_cpu.png
 """
 
 from __future__ import annotations
@@ -20,36 +20,26 @@ import sys
 from pathlib import Path
 
 import torch
-from common import load_replay_file, run_environment, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import load_replay_file, run_environment, write_report  # noqa: E402
+from report import plotting  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_REPLAY = REPO / "tests" / "data" / "replay_g1_cpu.pt"
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, style in (("bf16_obs", "-"), ("rounding_floor", "--")):
-        for net, color in (("actor", "tab:blue"), ("critic", "tab:orange")):
-            ax1.plot(report["drift"][name][net], style, color=color, label=f"{name}: {net}")
+    fig, (ax1, ax2) = plotting.subplots(1, 2, figsize=(12, 4.5))
+    runs = (("bf16_obs", "-"), ("rounding_floor", "--"))
+    plotting.drift_panel(ax1, report["drift"], runs, "fp32 run", "parameter drift from the fp32-storage run")
+    for name, style in runs:
         ax2.plot(report["drift"][name]["losses"], style, label=name)
-    for ax, ylabel in ((ax1, "||params - fp32 run|| / ||fp32 run||"), (ax2, "relative difference of per-update losses")):
-        ax.set_yscale("log")
-        ax.set_xlabel("iteration")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    ax1.set_title("parameter drift from the fp32-storage run")
-    ax2.set_title("loss difference")
+    plotting.finish_axis(ax2, "iteration", "relative difference of per-update losses", "loss difference", log=True)
     cfg = report["training_config"]
     fig.suptitle(f"bf16 observation storage, real G1 replay, eager {report['environment']['device']}: "
                  f"B{cfg['batch_size']} x {cfg['updates_per_step']} updates, {report['iterations']} iterations")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plotting.save(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

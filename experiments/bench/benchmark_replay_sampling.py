@@ -12,20 +12,23 @@ Columns, each timed --repeat times after --warmup (median, p90, mean; ms):
 - gpu_sample_graph: the same captured once in a CUDA graph and replayed (CUDA events);
 - speedup: cpu_sample_h2d / gpu_sample and / gpu_sample_graph (medians).
 
-    python experiments/benchmark_replay_sampling.py --output results/replay_sampling.json --plot results/replay_sampling.png
-    python experiments/benchmark_replay_sampling.py --plot-only results/replay_sampling.json --plot results/replay_sampling.png
+    python experiments/bench/benchmark_replay_sampling.py --output results/replay_sampling/replay_sampling.json \\
+        --plot results/replay_sampling/replay_sampling.png
+    python experiments/bench/benchmark_replay_sampling.py --plot-only results/replay_sampling/replay_sampling.json \\
+        --plot results/replay_sampling/replay_sampling.png
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from common import percentile, plot_only_or_require_cuda, run_environment
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
+from report import plotting  # noqa: E402
 
 COLUMNS = ("cpu_sample", "h2d", "cpu_sample_h2d", "gpu_sample", "gpu_sample_graph")
 
@@ -99,46 +102,29 @@ def measure(capacity: int, width: int, rows: int, warmup: int, repeat: int) -> d
     return {k: stats(v) for k, v in result.items()}  # the rings are freed on return
 
 
+LABELS = {"cpu_sample": "CPU random sample", "h2d": "H2D (pinned)", "cpu_sample_h2d": "CPU sample + H2D",
+          "gpu_sample": "GPU sample", "gpu_sample_graph": "GPU sample in a CUDA graph"}
+MARKERS = {"cpu_sample": "o", "h2d": "s", "cpu_sample_h2d": "D", "gpu_sample": "^", "gpu_sample_graph": "v"}
+
+
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     cells = [c for c in report["capacities"] if "results" in c]
-    labels = {"cpu_sample": "CPU random sample", "h2d": "H2D (pinned)", "cpu_sample_h2d": "CPU sample + H2D",
-              "gpu_sample": "GPU sample", "gpu_sample_graph": "GPU sample in a CUDA graph"}
-    markers = {"cpu_sample": "o", "h2d": "s", "cpu_sample_h2d": "D", "gpu_sample": "^", "gpu_sample_graph": "v"}
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    width = 0.8 / len(COLUMNS)
-    for i, col in enumerate(COLUMNS):
-        xs = [j + (i - (len(COLUMNS) - 1) / 2) * width for j in range(len(cells))]
-        ys = [c["results"][col]["median"] for c in cells]
-        bars = ax.bar(xs, ys, width, label=labels[col])
-        ax.scatter(xs, ys, marker=markers[col], color="black", s=12, zorder=3)
-        ax.bar_label(bars, labels=[f"{y:.3f}" if y < 1 else f"{y:.2f}" for y in ys], fontsize=7, rotation=90, padding=2)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels([f"2^{c['exponent']} rows\n{c['capacity_gib']:.1f} GiB\nCPU+H2D / GPU graph = {c['speedup_graph']:.0f}x" for c in cells])
+    fig, ax = plotting.subplots(figsize=(11, 5.5))
+    plotting.grouped_bars(
+        ax, [f"2^{c['exponent']} rows\n{c['capacity_gib']:.1f} GiB\nCPU+H2D / GPU graph = {c['speedup_graph']:.0f}x" for c in cells],
+        [{"label": LABELS[col], "marker": MARKERS[col], "values": [c["results"][col]["median"] for c in cells]} for col in COLUMNS],
+        lambda y: f"{y:.3f}" if y < 1 else f"{y:.2f}")
     w = report["workload"]
     env = report["environment"]
     ax.set_title(
         f"Replay sample of {w['rows_per_iteration']:,} rows x {w['row_bytes']:,} B ({w['mib_per_iteration']:.1f} MiB) per iteration: "
         f"host vs GPU\n{env.get('gpu')}, torch {env.get('torch')}; median ms (log), {report['repeat']} repeats after {report['warmup']} warm-up"
     )
-    ax.set_ylabel("ms per iteration (median)")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    low, high = ax.get_ylim()
-    ax.set_ylim(low, high * 4)  # headroom: value labels and legend above the tallest bar
-    ax.legend(fontsize=8, ncol=3, loc="upper center")
-    ax.grid(axis="y", which="both", alpha=0.3)
+    plotting.log_value_axis(ax, "ms per iteration (median)")
     skipped = [f"2^{c['exponent']}: {c['skipped']}" for c in report["capacities"] if "skipped" in c]
     if skipped:
         fig.text(0.01, 0.01, "skipped: " + "; ".join(skipped), fontsize=7, ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.05 if skipped else 0, 1, 1))
-    fig.savefig(path, dpi=130)
+    plotting.save(fig, path, rect=(0, 0.05 if skipped else 0, 1, 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--host-memory-gib", type=float, default=96.0, help="largest pinned host ring to try")
-    parser.add_argument("--output", type=Path)
-    parser.add_argument("--plot", type=Path)
-    parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     if plot_only_or_require_cuda(parser, args, plot):
         return 0
@@ -195,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         report["capacities"].append(cell)
         if args.output:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(report, indent=1))
+            write_report(report, args.output)
     if args.plot:
         plot(report, args.plot)
     for c in report["capacities"]:

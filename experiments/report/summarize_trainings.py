@@ -1,14 +1,15 @@
-"""The training matrix's summary table (issue 5) from benchmark_flashsac_training.py's JSON.
+"""The training matrix's summary table from benchmark_flashsac_training.py's JSON.
 
 One row per run: configuration (updates per step, batch, learner, mode, seed), how far it
-got (a run that ended before its last iteration without being stopped by its time limit
-is marked: it crashed), when its first learner iteration came (seconds from UniLab's launch: start-up and
-compile), learner / iteration / collector ms (median and p90 over the run's summarized
-tail) and reward, plus the learner-time ratio against stock UniLab's default (whole-cycle
+got (a run stopped by its time limit says so; one that ended before its last iteration
+without being stopped is marked: it crashed), whether the Inductor cache was warm at launch
+(as the report recorded it; unknown where it did not), when its first learner iteration came
+(seconds from UniLab's launch: start-up and compile), learner / iteration / collector ms
+(median and p90 over the run's summarized tail) and reward, plus the learner-time ratio against stock UniLab's default (whole-cycle
 graph) run of the same updates, batch and seed when one is among the inputs. Writes JSON and
 a markdown table; with --plot, a bar chart of learner ms per configuration.
 
-    python experiments/summarize_trainings.py results/trainings/training_*.json \\
+    python experiments/report/summarize_trainings.py results/trainings/training_*.json \\
         --output results/trainings/summary.json --markdown results/trainings/summary.md \\
         --plot results/trainings/summary.png
 """
@@ -19,6 +20,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import write_report  # noqa: E402
+from report import plotting  # noqa: E402
 
 REFERENCE = ("unilab", "graph")  # stock UniLab's default learner
 
@@ -42,7 +47,7 @@ def summarize_run(path: Path) -> dict:
         "iterations_planned": cfg["iterations"], "iterations_logged": report["iterations_logged"],
         "stopped_by_time_limit": report["stopped_by_time_limit"], "completed": completed,
         "first_learner_iteration_s": min((r["wall_s"] for r in rows_all if "wall_s" in r), default=None),
-        # None for reports written before the field (the report says which were warm)
+        # None (unknown) for reports written before the field: never inferred from the run order
         "inductor_cache_warm_at_launch": (report.get("inductor_cache_at_launch") or {}).get("warm"),
         "summarized_iterations": len(report["rows"]),
         "learner_ms_median": stat("learner_train_ms", "median"), "learner_ms_p90": stat("learner_train_ms", "p90"),
@@ -63,18 +68,27 @@ def add_ratios(runs: list[dict]) -> None:
             run["learner_ms_vs_unilab_default"] = run["learner_ms_median"] / ref["learner_ms_median"]
 
 
+CACHE = {True: "warm", False: "cold", None: "unknown"}
+
+
 def markdown(runs: list[dict]) -> str:
+    """The summary as a markdown table, to be included verbatim: a run stopped by its time limit
+    says so next to its iteration count, one that ended early without it says it crashed, and
+    the Inductor cache column is the one benchmark_flashsac_training.py recorded at launch
+    ("unknown" for reports written before it recorded one)."""
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     lines = [
-        "| updates | batch | learner | mode | seed | iterations | first update (s) | learner ms median (p90) | vs UniLab default | iteration ms | collector ms | last reward |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| updates | batch | learner | mode | seed | iterations | Inductor cache at launch | first update after launch (s) "
+        "| learner ms median (p90) | learner vs UniLab default | iteration ms | collector ms | last reward |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         its = f"{r['iterations_logged']}" + (" (time limit)" if r["stopped_by_time_limit"] else "")
         its += "" if r["completed"] else " (ended early: crashed)"
         lines.append(
             f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} | {its} "
-            f"| {fmt(r['first_learner_iteration_s'], '.0f')}{' (warm cache)' if r['inductor_cache_warm_at_launch'] else ''} | {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "
+            f"| {CACHE[r['inductor_cache_warm_at_launch']]} | {fmt(r['first_learner_iteration_s'], '.0f')} "
+            f"| {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "
             f"| {fmt(r.get('learner_ms_vs_unilab_default'), '.2f')} | {fmt(r['iter_ms_median'], '.1f')} "
             f"| {fmt(r['collector_ms_median'], '.1f')} | {fmt(r['reward_last'], '.2f')} |"
         )
@@ -82,24 +96,17 @@ def markdown(runs: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"U{r['updates_per_step']} B{r['batch_size']}\n{r['learner']} {r['mode']} s{r['seed']}" for r in runs]
     values = [r["learner_ms_median"] or 0.0 for r in runs]
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(runs)), 4.5))
-    colors = ["#444444" if r["learner"] == "unilab" else "#08519c" for r in runs]
-    bars = ax.bar(range(len(runs)), values, color=colors)
-    ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8)
+    fig, ax = plotting.subplots(figsize=(max(8, 1.6 * len(runs)), 4.5))
+    plotting.bars(ax, range(len(runs)), values, [f"{v:.2f}" for v in values],
+                  color=["#444444" if r["learner"] == "unilab" else "#08519c" for r in runs])
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("learner ms / iteration (median)")
     ax.set_title("G1 walk flat, MuJoCo: learner time per iteration in real training (UniLab Perf/learning_time)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    plotting.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     runs.sort(key=lambda r: (r["updates_per_step"], r["batch_size"], r["seed"], r["learner"] != "unilab", r["mode"]))
     add_ratios(runs)
     table = markdown(runs)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"experiment": "summarize_trainings", "reference": "/".join(REFERENCE),
-                                       "command": " ".join(["python", *sys.argv]), "runs": runs}, indent=1))
+    write_report({"experiment": "summarize_trainings", "reference": "/".join(REFERENCE), "runs": runs}, args.output)
     if args.markdown:
         args.markdown.write_text(table)
     if args.plot:

@@ -6,10 +6,10 @@ directories. The reward is UniLab's Train/mean_reward. From a JSON, time runs fr
 of UniLab's train (start-up and compile count: users wait for them too; its rows' wall_s);
 from a run directory, from the run's first logged scalar. A group may not mix the two.
 
-    python experiments/plot_time_reward.py \\
-        --group "UniLab 1.5.2 default" results/tr_unilab_s1.json results/tr_unilab_s2.json results/tr_unilab_s3.json \\
-        --group "flashsac_opt graph" results/tr_opt_s1.json results/tr_opt_s2.json results/tr_opt_s3.json \\
-        --output results/time_reward.json --plot results/time_reward.png
+    python experiments/report/plot_time_reward.py \\
+        --group "UniLab 1.5.2 default" results/trainings/training_u2_b256_unilab_graph_s{1,2,3}.json \\
+        --group "flashsac_opt graph" results/trainings/training_u2_b256_flashsac_opt_graph_s{1,2,3}.json \\
+        --output results/trainings/time_reward_u2_b256_s1_s2_s3.json --plot results/trainings/time_reward_u2_b256_s1_s2_s3.png
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import write_report  # noqa: E402
+from report import plotting  # noqa: E402
 
 TAG = "Train/mean_reward"
 
@@ -92,33 +96,24 @@ def summarize(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]], grid_point
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 8))
+    fig, (ax, ax2) = plotting.subplots(2, 1, figsize=(9, 8))
     for label, g in summary.items():
         seeds = f"{g['seeds']} seed" + ("s" if g["seeds"] != 1 else "")
-        line = ax.plot(g["grid_s"], g["mean"], label=f"{label} ({seeds}, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")[0]
-        ax.fill_between(g["grid_s"], g["min"], g["max"], color=line.get_color(), alpha=0.2)
+        color = plotting.line_with_band(ax, g["grid_s"], g["mean"], g["min"], g["max"],
+                                        f"{label} ({seeds}, {np.mean(g['wall_time_s']):.0f} s; time from {g['time_from']})")
         for run in g["runs"]:  # each seed, thin: where only one seed has data the band is that seed
-            ax.plot(run["t"], run["reward"], color=line.get_color(), linewidth=0.6, alpha=0.5)
+            ax.plot(run["t"], run["reward"], color=color, linewidth=0.6, alpha=0.5)
         since = g["since_first_reward"]
         starts = ", ".join(f"{s:.0f}" for s in since["start_s"])
-        ax2.plot(since["grid_s"], since["mean"], color=line.get_color(), label=f"{label} (first reward at {starts} s)")
-        ax2.fill_between(since["grid_s"], since["min"], since["max"], color=line.get_color(), alpha=0.2)
+        plotting.line_with_band(ax2, since["grid_s"], since["mean"], since["min"], since["max"],
+                                f"{label} (first reward at {starts} s)", color=color)
     ax.set_xlim(left=0)  # from the launch: the start-up before the first reward is part of the story
-    ax.set_xlabel(f"wall time since {next(iter(summary.values()))['time_from']} (s): start-up and compile included")
     ax2.set_xlim(left=0)
-    ax2.set_xlabel("wall time since each run's first reward (s): training only, mean and min/max over seeds")
-    for a in (ax, ax2):
-        a.set_ylabel(TAG)
-        a.legend(fontsize=8)
-        a.grid(alpha=0.3)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    plotting.finish_axis(ax, f"wall time since {next(iter(summary.values()))['time_from']} (s): start-up and compile included",
+                         TAG, title)
+    ax.title.set_fontsize(9)
+    plotting.finish_axis(ax2, "wall time since each run's first reward (s): training only, mean and min/max over seeds", TAG)
+    plotting.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(groups)
     for label, g in summary.items():
         g["time_from"] = origins[label].pop()
-    report = {"experiment": "time_reward_smoke", "tag": TAG, "sources": sources, "groups": summary, "command": " ".join(["python", *sys.argv])}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=1))
+    write_report({"experiment": "time_reward_smoke", "tag": TAG, "sources": sources, "groups": summary}, args.output)
     plot(summary, args.plot, args.title)
     for label, g in summary.items():
         print(f"{label}: {g['seeds']} seed(s), wall {np.mean(g['wall_time_s']):.1f} s, final reward {np.mean(g['final_reward']):.3f} [{min(g['final_reward']):.3f}, {max(g['final_reward']):.3f}]")

@@ -28,8 +28,10 @@ the batch already sampled and synchronized. Cold start: construction to the end 
 iteration (compile and capture included). Kernels per iteration: torch.profiler CUDA kernel
 events over a few iterations; launches: host-side kernel/graph launch API calls.
 
-    python experiments/benchmark_learner.py --output results/benchmark_learner.json --plot results/benchmark_learner.png
-    python experiments/benchmark_learner.py --plot-only results/benchmark_learner.json --plot results/benchmark_learner.png
+    python experiments/bench/benchmark_learner.py --output results/learner_benchmark/benchmark_learner.json \\
+        --plot results/learner_benchmark/benchmark_learner.png
+    python experiments/bench/benchmark_learner.py --plot-only results/learner_benchmark/benchmark_learner.json \\
+        --plot results/learner_benchmark/benchmark_learner.png
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ import time
 import traceback
 from pathlib import Path
 
-from common import percentile, plot_only_or_require_cuda, run_environment
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
+from report import plotting  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -61,12 +65,13 @@ VARIANTS = (
 GRAPH_STUDIES = {
     # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
     "ours_graph_tuned": {"inductor_options": {"coordinate_descent_tuning": True}},
-    # without horizontal fusion (combo_kernels, graph mode's default on CUDA since session 5;
-    # before, "ours_graph_combo" measured it: 0.79-0.89x at W1, 0.93-0.98x at W3)
+    # without horizontal fusion (combo_kernels, graph mode's default on CUDA; older reports
+    # hold "ours_graph_combo", the same comparison the other way round: combo at 0.79-0.89x
+    # of no combo at W1, 0.93-0.98x at W3)
     "ours_graph_no_combo": {"inductor_options": {"combo_kernels": False}},
     # fuse nodes even without shared memory reads (fewer, larger kernels)
     "ours_graph_aggressive": {"inductor_options": {"aggressive_fusion": True}},
-    # the GEMM weights cast to bf16 per matmul (as before cast_gemm_weights_once)
+    # the GEMM weights cast to bf16 per matmul instead of once per network call
     "ours_graph_percast": {"cast_gemm_weights_once": False},
 }
 POOL_ROWS = 65536
@@ -327,7 +332,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
             if v - compile_before.get(k, 0.0) >= 0.05
         },
     }
-    graph = getattr(learner, "_graph", None)
+    graph = learner.engine.graph if variant.startswith("ours_") else None  # graph mode's captured iteration
     if graph is not None:
         cell["graph_warmup_s"] = graph.last_warmup_seconds
         cell["graph_capture_s"] = graph.last_capture_seconds
@@ -345,45 +350,30 @@ def environment() -> dict:
     }
 
 
+COLORS = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1",
+          "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8",
+          "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba",
+          "ours_graph_no_combo": "#6baed6", "ours_graph_aggressive": "#bcbddc", "ours_graph_percast": "#dadaeb"}
+
+
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     cells = [c for c in report["cells"] if "ms_median" in c]
     workloads = [w for w in WORKLOADS if any(c["workload"] == w for c in cells)]
     present = list(dict.fromkeys(c["variant"] for c in cells))  # (older reports may hold retired variants)
     variants = [v for v in VARIANTS if v in present] + [v for v in present if v not in VARIANTS]
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    width = 0.8 / max(len(variants), 1)
-    colors = {"unilab_eager": "#bbbbbb", "unilab_compile": "#888888", "unilab_graph": "#444444", "ours_eager": "#9ecae1", "ours_compile": "#4292c6", "ours_graph": "#08519c", "ours_graph_replay": "#2ca25f", "ours_graph_fused": "#9e9ac8", "ours_graph_split": "#6a51a3", "ours_graph_tuned": "#54278f", "ours_graph_combo": "#807dba", "ours_graph_no_combo": "#6baed6", "ours_graph_aggressive": "#bcbddc", "ours_graph_percast": "#dadaeb"}
-    for i, v in enumerate(variants):
-        xs, ys, errs = [], [], []
-        for j, w in enumerate(workloads):
-            cell = next((c for c in cells if c["variant"] == v and c["workload"] == w), None)
-            if cell:
-                xs.append(j + (i - (len(variants) - 1) / 2) * width)
-                ys.append(cell["ms_median"])
-                errs.append(cell["ms_p90"] - cell["ms_median"])
-        bars = ax.bar(xs, ys, width, yerr=[[0] * len(errs), errs], label=v, color=colors.get(v), capsize=2)
-        ax.bar_label(bars, labels=[f"{y:.2f}" if y < 10 else f"{y:.1f}" if y < 100 else f"{y:.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels([f"{w}\nB{WORKLOADS[w]['batch_size']} x {WORKLOADS[w]['updates_per_step']} upd" for w in workloads])
-    ax.set_ylabel("ms per learner iteration (median; whisker = p90), log scale")
+    by = {(c["variant"], c["workload"]): c for c in cells}
+    series = [{"label": v, "color": COLORS.get(v),
+               "values": [by[v, w]["ms_median"] if (v, w) in by else None for w in workloads],
+               "upper": [by[v, w]["ms_p90"] - by[v, w]["ms_median"] if (v, w) in by else None for w in workloads]}
+              for v in variants]
+    fig, ax = plotting.subplots(figsize=(11, 5.5))
+    plotting.grouped_bars(ax, [f"{w}\nB{WORKLOADS[w]['batch_size']} x {WORKLOADS[w]['updates_per_step']} upd" for w in workloads],
+                          series, lambda y: f"{y:.2f}" if y < 10 else f"{y:.1f}" if y < 100 else f"{y:.0f}")
     env = report["environment"]
     what = "UniLab 1.5.2 vs flashsac_opt" if any(v.startswith("unilab") for v in variants) else "flashsac_opt variants"
     ax.set_title(f"FlashSAC learner iteration: {what} ({env.get('gpu')}, torch {env.get('torch')}, bf16)")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    low, high = ax.get_ylim()
-    ax.set_ylim(low, high * 4)  # headroom: value labels and legend above the tallest bar
-    ax.legend(ncol=3, fontsize=8, loc="upper center")
-    ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    plotting.log_value_axis(ax, "ms per learner iteration (median; whisker = p90), log scale")
+    plotting.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,11 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel count")
     parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Inductor option for flashsac_opt's variants (VALUE parsed as JSON), e.g. coordinate_descent_tuning=true")
-    parser.add_argument("--output", type=Path)
     parser.add_argument("--note", default="", help="free text stored in the JSON (e.g. the Inductor cache state)")
     parser.add_argument("--merge", type=Path, help="append cells to this existing JSON (same run series)")
-    parser.add_argument("--plot", type=Path)
-    parser.add_argument("--plot-only", type=Path, help="redraw --plot from an existing JSON and exit")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
 
     if plot_only_or_require_cuda(parser, args, plot):
@@ -431,8 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         report["ratios"] = ratios(report["cells"])
         if args.output:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(report, indent=1))
+            write_report(report, args.output)
 
     # Pass 1 times every cell; pass 2 profiles them. torch.profiler leaves CUPTI attached
     # when it ends (pytorch/pytorch#144455), which slows every later kernel launch, so no
