@@ -112,7 +112,7 @@ def test_dry_run_prints_the_exact_commands():
     assert out.count("NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1") >= 3
     # the before/after helper lists its processes: cold ones alternate sides, each with its own empty cache
     cold = [line for line in out.splitlines() if "_cold]" in line]
-    assert [line.split("]")[0].split("[")[1] for line in cold] == ["before_W1_cold", "after_W1_cold", "before_W3_cold", "after_W3_cold"]
+    assert [line.split("]")[0].split("[")[1] for line in cold] == ["before_W1_cold", "after_W1_cold", "after_W3_cold", "before_W3_cold"]
     assert "cache/before_W1 " in cold[0] and "cache/after_W1 " in cold[1]
     assert "== device call: python3 experiments/device/run.py env engine_before_after gpu_tests" in out
 
@@ -240,7 +240,7 @@ def _report(cell: dict) -> dict:
 def test_compare_computes_after_over_before_from_benchmark_reports(tmp_path):
     raw = {
         "before_W1_cold": _cell("W1", 1.50, 1.60, 50.0, 480), "before_W1_warm1": _cell("W1", 1.54, 1.62, 4.0, 480),
-        "after_W1_cold": _cell("W1", 1.47, 1.55, 40.0, 480), "after_W1_warm1": _cell("W1", 1.49, 1.57, 3.5, 480),
+        "after_W1_cold": _cell("W1", 1.47, 1.55, 40.0, 480), "after_W1_warm1": _cell("W1", 1.50, 1.58, 3.5, 480),
         "before_W3_cold": _cell("W3", 9.0, 9.2, 60.0, 2000), "after_W3_cold": _cell("W3", 9.9, 10.1, 66.0, 2010),
     }
     for name, cell in raw.items():
@@ -248,11 +248,13 @@ def test_compare_computes_after_over_before_from_benchmark_reports(tmp_path):
     (tmp_path / "unrelated.json").write_text("{}")
     report = before_after.compare(tmp_path)
     w1, w3 = report["workloads"]["W1"], report["workloads"]["W3"]
-    assert w1["before"]["ms_median"] == pytest.approx(1.52) and w1["after"]["ms_median"] == pytest.approx(1.48)
-    assert w1["after_vs_before"]["ms_median"] == pytest.approx(1.48 / 1.52)
-    assert w1["after_vs_before"]["ms_p90"] == pytest.approx(1.56 / 1.61)
+    # timings from the warm processes where there are some (one cache for both sides), else the cold ones
+    assert w1["before"]["ms_median"] == pytest.approx(1.54) and w1["after"]["ms_median"] == pytest.approx(1.50)
+    assert w1["before"]["timed_processes"] == "warm" and w3["before"]["timed_processes"] == "cold"
+    assert w1["after_vs_before"]["ms_median"] == pytest.approx(1.50 / 1.54)
+    assert w1["after_vs_before"]["ms_p90"] == pytest.approx(1.58 / 1.62)
     assert w1["after_vs_before"]["cold_start_s"] == pytest.approx(0.8)  # from the cold processes only
-    assert w1["before"]["ms_median_spread"] == pytest.approx(0.04 / 1.52)
+    assert w1["before"]["ms_median_spread"] is None  # one warm process: no spread to report
     assert w1["before"]["kernels_per_iteration"] == 480 and w1["after_vs_before"]["kernels_per_iteration"] == 1.0
     assert w1["checks"] == {"ms_median_within_3pct": True, "kernels_equal": True, "cold_start_not_slower": True}
     assert w3["after_vs_before"]["ms_median"] == pytest.approx(1.1)
@@ -280,6 +282,8 @@ ms = flashsac_opt.MS
 cell = {"variant": a.variants[0], "workload": a.workloads[0], "cold_start_s": 9.0 if "empty" in a.note else 1.0,
         "ms_median": ms, "ms_p90": ms * 1.1, "iterations": a.iters, "kernels_per_iteration": 7.0,
         "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
+os.makedirs(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "fxgraph"), exist_ok=True)  # as Inductor fills it
+open(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "fxgraph", "entry"), "a").write(a.variants[0] + chr(10))
 json.dump({"cells": [cell], "environment": {"gpu": "stand-in"}}, open(a.output, "w"))
 """
 
@@ -290,13 +294,15 @@ def _side(root: Path, ms: float) -> None:
     (root / "bench.py").write_text(BENCH_STAND_IN)
 
 
-def test_before_after_runs_each_side_on_its_own_tree_and_cache(tmp_path):
+@pytest.mark.parametrize("warm_cache", ["shared", "own"])
+def test_before_after_runs_each_side_on_its_own_tree_and_cache(tmp_path, warm_cache):
     _side(tmp_path / "old", 2.0)
     _side(tmp_path / "new", 1.0)
     output = tmp_path / "result.json"
     done = subprocess.run([sys.executable, str(DEVICE / "before_after.py"), "run", "--before", f"{tmp_path / 'old'}:bench.py",
                            "--after", f"{tmp_path / 'new'}:bench.py", "--workloads", "W1", "--rounds", "1", "--no-warm-up",
-                           "--time-limit", "120", "--work", str(tmp_path / "work"), "--output", str(output)],
+                           "--time-limit", "120", "--work", str(tmp_path / "work"), "--output", str(output),
+                           "--warm-cache", warm_cache],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(output.read_text())
@@ -308,7 +314,17 @@ def test_before_after_runs_each_side_on_its_own_tree_and_cache(tmp_path):
     log = (tmp_path / "work" / "raw" / "before_W1_cold.log").read_text()
     assert f"flashsac_opt from {tmp_path / 'old' / 'flashsac_opt' / '__init__.py'}" in log
     raw = json.loads((tmp_path / "work" / "raw" / "after_W1_warm1.json").read_text())
-    assert raw["cells"][0]["cache"] == str(tmp_path / "work" / "cache" / "after_W1")  # the cache its cold process filled
+    cold_cache = json.loads((tmp_path / "work" / "raw" / "after_W1_cold.json").read_text())["cells"][0]["cache"]
+    assert cold_cache == str(tmp_path / "work" / "cache" / "after_W1")  # a cold process: its side's own, empty cache
+    if warm_cache == "own":
+        assert raw["cells"][0]["cache"] == cold_cache  # the cache its cold process filled
+    else:
+        # both sides' warm processes on one copy of the before side's cold cache
+        shared = tmp_path / "work" / "cache" / "shared_W1"
+        before_warm = json.loads((tmp_path / "work" / "raw" / "before_W1_warm1.json").read_text())
+        assert raw["cells"][0]["cache"] == before_warm["cells"][0]["cache"] == str(shared)
+        assert (shared / "fxgraph" / "entry").read_text().splitlines() == ["ours_graph"] * 3  # before cold + 2 warm
+        assert (tmp_path / "work" / "cache" / "before_W1" / "fxgraph" / "entry").read_text().splitlines() == ["ours_graph"]
 
 
 def test_a_side_that_would_import_the_other_trees_package_is_refused(tmp_path):

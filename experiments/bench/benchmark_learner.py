@@ -332,6 +332,16 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
             if v - compile_before.get(k, 0.0) >= 0.05
         },
     }
+    # Inductor's FX-graph and AOTAutograd cache hits and misses in this process: a process that
+    # misses nothing on a cache another tree filled compiled graphs identical to that tree's.
+    from torch._dynamo.utils import counters
+
+    cell["compile_cache_counters"] = {
+        f"{group}.{key}": int(value)
+        for group in ("inductor", "aot_autograd")
+        for key, value in counters[group].items()
+        if "cache" in key
+    }
     graph = learner.engine.graph if variant.startswith("ours_") else None  # graph mode's captured iteration
     if graph is not None:
         cell["graph_warmup_s"] = graph.last_warmup_seconds

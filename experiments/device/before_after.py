@@ -7,15 +7,21 @@ run in processes of its own, alternating on the same GPU:
 1. a short throwaway compile, so that the files torch and Triton read during a compile are in
    the OS file cache before the first cold start (else the first side alone pays for them);
 2. cold: one fresh process per workload and side with an EMPTY Inductor and Triton cache
-   (before W1, after W1, before W3, after W3); `cold_start_s` is construction to the end of the
-   first iteration: compile and capture; then, as in every process, timed iterations and
-   torch.profiler kernel counts (the benchmark's own order: every timing before any profile);
-3. warm: rounds of one fresh process per workload and side on that side's cache; a round's
-   first side alternates (after first, then before first, ...); as many rounds as --rounds and
-   the time limit allow;
-4. compare: per workload, median and p90 ms (the median over a side's processes of each
-   process's value), after/before ratios, kernels per iteration, cold start, and the spread
-   of one side's process medians (the noise a ratio must beat).
+   (the side that goes first alternates by workload: before W1, after W1, after W3, before W3);
+   `cold_start_s` is construction to the end of the first iteration: compile and capture; then,
+   as in every process, timed iterations and torch.profiler kernel counts (the benchmark's own
+   order: every timing before any profile);
+3. warm: rounds of one fresh process per workload and side; a round's first side alternates
+   (after first, then before first, ...); as many rounds as --rounds and the time limit allow.
+   With --warm-cache shared (the default) both sides' warm processes run on one cache per
+   workload, a copy of the before side's cold cache: Inductor's autotuning picks launch configs
+   by timing them during a cold compile, so two cold compiles of one graph can differ in a
+   kernel's speed; on one cache both sides run the same compiled kernels, and an after-side
+   process that misses nothing in it (compile_cache_counters) compiled identical graphs;
+4. compare: per workload, median and p90 ms (the median over a side's warm processes of each
+   process's value; the cold processes' where no warm one ran), after/before ratios, kernels
+   per iteration, cold start, and the spread of one side's process medians (the noise a ratio
+   must beat).
 
     python3 experiments/device/before_after.py run --work DIR --output FILE [--time-limit S] [--dry-run]
     python3 experiments/device/before_after.py compare RAW_DIR --output FILE
@@ -28,6 +34,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,8 +89,8 @@ def process_env(root: Path, cache: Path) -> dict[str, str]:
 def plan(args) -> list[dict]:
     """Every process the run may start, in order (warm rounds after the cold ones)."""
     steps = []
-    for w in args.workloads:
-        for side in SIDES:
+    for i, w in enumerate(args.workloads):
+        for side in SIDES if i % 2 == 0 else SIDES[::-1]:
             steps.append(dict(side=side, workload=w, phase="cold"))
     for r in range(1, args.rounds + 1):
         order = SIDES[::-1] if r % 2 else SIDES
@@ -95,13 +102,17 @@ def plan(args) -> list[dict]:
         name = f"{step['side']}_{step['workload']}_{step['phase']}"
         cold = step["phase"] == "cold"
         iters = ["--iters", str(args.warm_iters or WARM_ITERS[step["workload"]]), "--warmup", str(WARM_WARMUP)]
-        note = ("empty Inductor cache: cold start" if cold else "the Inductor cache its side's cold process filled") + \
-            f"; {step['side']} side of engine_before_after"
+        shared = not cold and args.warm_cache == "shared"
+        cache = args.work / "cache" / (f"shared_{step['workload']}" if shared else f"{step['side']}_{step['workload']}")
+        note = ("empty Inductor cache: cold start" if cold else
+                "a copy of the before side's cold cache, shared by both sides" if shared else
+                "the Inductor cache its side's cold process filled") + f"; {step['side']} side of engine_before_after"
         raw = args.work / "raw"
         step.update(
             name=name,
             cwd=root,
-            env=process_env(root, args.work / "cache" / f"{step['side']}_{step['workload']}"),
+            cache=cache,
+            env=process_env(root, cache),
             cmd=[sys.executable, "-c", LAUNCH, str(root / script), "--variants", "ours_graph", "--workloads", step["workload"],
                  *iters, "--note", note, "--output", str(raw / f"{name}.json")],
             log=raw / f"{name}.log",
@@ -160,6 +171,8 @@ def run(args) -> int:
                 print(f"-- {left:.0f} s left, a {step['workload']} pair takes ~{guess:.0f} s: no more warm processes", flush=True)
                 break
             for s in pair:
+                if s["phase"] != "cold" and args.warm_cache == "shared" and not s["cache"].exists():
+                    shutil.copytree(args.work / "cache" / f"before_{s['workload']}", s["cache"])
                 done.append(execute(s, min(s["cap"], deadline - time.monotonic())))
                 if s["phase"] != "cold":
                     seen[(s["side"], s["workload"])] = done[-1]["seconds"]
@@ -229,7 +242,7 @@ def compare(raw: Path) -> dict:
             phases = cells[workload].get(side, {})
             warm = [phases[p] for p in sorted((p for p in phases if p.startswith("warm")), key=lambda p: int(p[4:]))]
             cold = phases.get("cold", {})
-            timed = [c for c in [cold, *warm] if "ms_median" in c]
+            timed = [c for c in warm if "ms_median" in c] or [c for c in [cold] if "ms_median" in c]
             medians = [c["ms_median"] for c in timed]
             p90s = [c["ms_p90"] for c in timed]
             kernels = [c["kernels_per_iteration"] for c in timed if "kernels_per_iteration" in c]
@@ -241,6 +254,9 @@ def compare(raw: Path) -> dict:
                 # the spread of one side's round medians: the noise any after/before ratio must beat
                 "ms_median_spread": (max(medians) - min(medians)) / statistics.median(medians) if len(medians) > 1 else None,
                 "processes": [p for p in ["cold", *(f"warm{i}" for i in range(1, len(warm) + 1))] if p in phases],
+                "timed_processes": "warm" if any("ms_median" in c for c in warm) else "cold",
+                "warm_compile_cache_counters": [c.get("compile_cache_counters") for c in warm],
+                "warm_start_s": [c.get("cold_start_s") for c in warm],
                 "iterations_per_round": [c.get("iterations") for c in timed],
                 "kernels_per_iteration": kernels[0] if kernels and len(set(kernels)) == 1 else None,
                 "kernels_per_iteration_per_round": kernels,
@@ -299,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after", type=side_spec, default=side_spec(".:experiments/bench/benchmark_learner.py"), metavar="ROOT:SCRIPT")
     p.add_argument("--workloads", nargs="+", default=["W1", "W3"], choices=list(WARM_ITERS))
     p.add_argument("--rounds", type=int, default=3, help="warm rounds at most (the time limit may allow fewer)")
+    p.add_argument("--warm-cache", choices=("shared", "own"), default="shared",
+                   help="warm processes on one copy of the before side's cold cache (shared) or on their side's own")
     p.add_argument("--warm-iters", type=int, help="timed iterations per warm process (default: per workload, ~2-3 s)")
     p.add_argument("--time-limit", type=float, default=480.0, help="seconds for the whole run")
     p.add_argument("--work", type=Path, default=REPO / ".device_work" / "engine_before_after")
