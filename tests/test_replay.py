@@ -191,25 +191,48 @@ def test_graph_mode_samples_inside_the_captured_iteration(fresh_dynamo):
     assert learner.engine.graph.captures == captures
 
 
+# The C51 projection's scatter_add_ (objectives.categorical_projection) runs as atomic adds on
+# CUDA, whose summation order is not fixed: two identical graph-mode runs on the H200 ended with
+# critic-side tensors up to ~1e-10 apart after three iterations (critic params 1.2e-10, Adam
+# moments 9.3e-10 / 4.5e-13, target 7.3e-12; results/gpu_tests/raw). Anything else, e.g. one other
+# row sampled, moves the state by orders of magnitude more than this bound.
+ATOMIC_ADD_REL_TOL = 1e-5
+
+
+def assert_same_up_to_atomic_add_order(a, b) -> None:
+    """Every state tensor equal, or within ATOMIC_ADD_REL_TOL of its largest magnitude."""
+    ta = learner_tensors(a)
+    for name, diff in differing(a, b).items():
+        scale = float(ta[name].double().abs().max())
+        assert diff <= ATOMIC_ADD_REL_TOL * scale, (name, diff, scale)
+    ma, mb = a.read_metrics(), b.read_metrics()
+    assert ma.keys() == mb.keys()
+    for key in ma:
+        assert ma[key] == pytest.approx(mb[key], rel=ATOMIC_ADD_REL_TOL, abs=1e-12), key
+
+
 @pytest.mark.gpu
 def test_graph_mode_in_graph_sampling_is_seed_deterministic_and_matches_explicit_batches(fresh_dynamo):
     first, first_replay = graph_run(replay_seed=1)
     # Seed determinism: a second learner and replay from the same seeds draw the same rows
-    # (the replay generators end in the same state) and end bit-identical.
+    # (the replay generators end in the same state, exactly) and end in the same state up to
+    # the order of the critic's atomic adds.
     again, again_replay = graph_run(replay_seed=1)
     assert torch.equal(first_replay.generator.get_state(), again_replay.generator.get_state())
-    assert differing(first, again) == {}
-    assert first.read_metrics() == again.read_metrics()
-    # Another replay seed, everything else the same: other rows, other parameters.
+    assert_same_up_to_atomic_add_order(first, again)
+    # Another replay seed, everything else the same: other rows, other parameters, far beyond
+    # that bound.
     other, _ = graph_run(replay_seed=2)
-    assert not torch.equal(first.critic.params, other.critic.params)
+    far = differing(first, other)
+    scale = float(first.critic.params.abs().max())
+    assert far.get(".critic.params", 0.0) > 1e3 * ATOMIC_ADD_REL_TOL * scale
     assert not torch.equal(first.actor.params, other.actor.params)
     # Parameter parity: the in-graph sampling drew exactly the rows an eager sample() from the
     # same generator draws (the generator advanced by the same offsets), and the learner fed
-    # those rows explicitly ends bit-identical: the same compiled update functions, the same
-    # noise, the same arithmetic; the inputs differ only in layout (the sample's column views
-    # of the packed rows against the static batch's contiguous copies).
+    # those rows explicitly ends in the same state: the same compiled update functions, the
+    # same noise, the same arithmetic up to the atomic-add order; the inputs differ only in
+    # layout (the sample's column views of the packed rows against the static batch's
+    # contiguous copies).
     explicit, explicit_replay = graph_run(replay_seed=1, explicit=True)
     assert torch.equal(first_replay.generator.get_state(), explicit_replay.generator.get_state())
-    assert differing(first, explicit) == {}
-    assert first.read_metrics() == explicit.read_metrics()
+    assert_same_up_to_atomic_add_order(first, explicit)
