@@ -26,7 +26,10 @@ from common import run_environment, write_report
 
 # fp32 differences must be at rounding level; bf16 autocast rounds activations to 8 bits of
 # mantissa, and the two learners may round a few intermediate values differently.
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
+# Relative tolerance per (device, dtype). CPU fp32 is bit-identical (0: the oracle tests assert
+# it). On CUDA the C51 projection's scatter_add_ runs as atomic adds, whose order is not fixed,
+# so fp32 gets a relative bound there; bf16 autocast rounds differently per kernel.
+TOLERANCE = {("cpu", "fp32"): 0.0, ("cuda", "fp32"): 1e-5, ("cpu", "bf16"): 2e-2, ("cuda", "bf16"): 2e-2}
 
 
 def environment(device: str) -> dict:
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         # Exact fp32 on the GPU: no TF32 in either learner.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    tolerance = TOLERANCE[args.dtype]
+    tolerance = TOLERANCE[args.device, args.dtype]
     norms = {"on": [True], "off": [False], "both": [True, False]}[args.normalize_reward]
     cases = []
     console = Console()
@@ -125,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                         "per_tensor": {k: {"max_abs": a, "max_rel": r} for k, (a, r) in sorted(result.state_diffs.items())},
                         "worst_loss": {"where": worst_loss[0], "rel": worst_loss[1]},
                         "worst_tensor": {"name": worst_state[0], "rel": worst_state[1]},
-                        "passed": worst_loss[1] <= tolerance and worst_state[1] <= tolerance,
+                        "passed": worst_loss[1] <= tolerance and worst_state[1] <= tolerance
+                        and (tolerance > 0 or not result.mismatches()),
+                        "mismatches": result.mismatches()[:20],  # what is not bit-identical (first 20)
                     }
                 )
     report = {
