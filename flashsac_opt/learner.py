@@ -242,11 +242,12 @@ class FlashSACLearner:
             self.reward_normalizer.update(rewards, dones)
 
     # ---------------------------------------------------------------- updates
-    # Each update is two pure pieces per network: a *loss* function (forward + loss, its
-    # backward runs through autograd) and an *apply* function (finite guard, Adam,
-    # renormalization, BN-statistics commit, Polyak, metric values). These four are the
-    # compile boundaries; the Python loop between them only slices the batch and draws
-    # the actor's noise.
+    # Each network update comes as pure pieces: a *loss* function (forward + loss, its
+    # backward runs through autograd), an *apply* function (finite guard, Adam,
+    # renormalization, BN-statistics commit, Polyak, metric values), and a fused *step* that
+    # is both with the gradient taken by torch.func. The engine compiles either the steps or
+    # the loss/apply pairs (engine.NetworkUpdate); the Python loop of ``_iteration`` between
+    # them only slices the batch and draws the actor's noise.
     def _noise(self, rows: int) -> torch.Tensor:
         # Same draw, shape and dtype as torch.distributions.Normal.rsample in the actor
         # head, so a run with the same RNG state sees the same exploration noise.
