@@ -366,3 +366,38 @@ def test_prepare_baseline_extracts_a_tree_that_imports(tmp_path):
                           cwd=dest, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(dest)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(dest / "flashsac_opt" / "__init__.py")
+
+
+def test_cold_pairs_alternate_the_first_side_and_report_the_median_cold_start(tmp_path):
+    _side(tmp_path / "old", 2.0)
+    _side(tmp_path / "new", 1.0)
+    output = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(DEVICE / "before_after.py"), "run", "--before", f"{tmp_path / 'old'}:bench.py",
+                           "--after", f"{tmp_path / 'new'}:bench.py", "--workloads", "W1", "--rounds", "0", "--cold-pairs", "3",
+                           "--no-warm-up", "--time-limit", "120", "--work", str(tmp_path / "work"), "--output", str(output)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(output.read_text())
+    assert [p["name"] for p in report["processes"]] == [
+        "before_W1_cold", "after_W1_cold", "after_W1_cold2", "before_W1_cold2", "before_W1_cold3", "after_W1_cold3"]
+    caches = {json.loads((tmp_path / "work" / "raw" / f"{p['name']}.json").read_text())["cells"][0]["cache"] for p in report["processes"]}
+    assert len(caches) == 6  # every cold process started from its own empty cache
+    w1 = report["workloads"]["W1"]
+    assert w1["before"]["processes"] == ["cold", "cold2", "cold3"]
+    assert w1["before"]["cold_start_s_per_process"] == [9.0, 9.0, 9.0] and w1["before"]["cold_start_s"] == 9.0
+
+
+def test_compare_takes_the_median_cold_start_over_cold_pairs(tmp_path):
+    raw = {
+        "before_W1_cold": _cell("W1", 1.5, 1.6, 50.0, 480), "before_W1_cold2": _cell("W1", 1.5, 1.6, 40.0, 480),
+        "before_W1_cold3": _cell("W1", 1.5, 1.6, 45.0, 480),
+        "after_W1_cold": _cell("W1", 1.5, 1.6, 44.0, 480), "after_W1_cold2": _cell("W1", 1.5, 1.6, 47.0, 480),
+        "after_W1_cold3": _cell("W1", 1.5, 1.6, 41.0, 480),
+    }
+    for name, cell in raw.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(_report(cell)))
+    w1 = before_after.compare(tmp_path)["workloads"]["W1"]
+    assert w1["before"]["cold_start_s_per_process"] == [50.0, 40.0, 45.0] and w1["before"]["cold_start_s"] == 45.0
+    assert w1["after"]["cold_start_s"] == 44.0
+    assert w1["after_vs_before"]["cold_start_s"] == pytest.approx(44.0 / 45.0)
+    assert w1["checks"]["cold_start_not_slower"] is True

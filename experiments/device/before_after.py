@@ -8,7 +8,8 @@ run in processes of its own, alternating on the same GPU:
    the OS file cache before the first cold start (else the first side alone pays for them);
 2. cold: one fresh process per workload and side with an EMPTY Inductor and Triton cache
    (the side that goes first alternates by workload: before W1, after W1, after W3, before W3);
-   `cold_start_s` is construction to the end of the first iteration: compile and capture; then,
+   with --cold-pairs N, N such processes per workload and side, the first side alternating, and
+   the median reported; `cold_start_s` is construction to the end of the first iteration: compile and capture; then,
    as in every process, timed iterations and torch.profiler kernel counts (the benchmark's own
    order: every timing before any profile);
 3. warm: rounds of one fresh process per workload and side; a round's first side alternates
@@ -51,7 +52,7 @@ WARM_CAP_S = 120  # one warm process
 FIRST_WARM_GUESS_S = 35  # a warm process's length before one was seen
 MIN_COLD_S = 30  # a cold process given less is not started
 RESERVE_S = 10  # left for the comparison
-RAW_NAME = re.compile(r"^(before|after)_(W\d+)_(cold|warm\d+)$")
+RAW_NAME = re.compile(r"^(before|after)_(W\d+)_(cold\d*|warm\d+)$")
 # Runs the benchmark script as `python3 SCRIPT ARGS` would, after saying which flashsac_opt
 # it will import and refusing if that is not the side's own tree.
 LAUNCH = """
@@ -89,9 +90,10 @@ def process_env(root: Path, cache: Path) -> dict[str, str]:
 def plan(args) -> list[dict]:
     """Every process the run may start, in order (warm rounds after the cold ones)."""
     steps = []
-    for i, w in enumerate(args.workloads):
-        for side in SIDES if i % 2 == 0 else SIDES[::-1]:
-            steps.append(dict(side=side, workload=w, phase="cold"))
+    for pair in range(args.cold_pairs):  # the side that goes first alternates by workload and pair
+        for i, w in enumerate(args.workloads):
+            for side in SIDES if (i + pair) % 2 == 0 else SIDES[::-1]:
+                steps.append(dict(side=side, workload=w, phase="cold" if pair == 0 else f"cold{pair + 1}"))
     for r in range(1, args.rounds + 1):
         order = SIDES[::-1] if r % 2 else SIDES
         for w in args.workloads:
@@ -100,10 +102,14 @@ def plan(args) -> list[dict]:
     for step in steps:
         root, script = args.before if step["side"] == "before" else args.after
         name = f"{step['side']}_{step['workload']}_{step['phase']}"
-        cold = step["phase"] == "cold"
+        cold = step["phase"].startswith("cold")
         iters = ["--iters", str(args.warm_iters or WARM_ITERS[step["workload"]]), "--warmup", str(WARM_WARMUP)]
         shared = not cold and args.warm_cache == "shared"
-        cache = args.work / "cache" / (f"shared_{step['workload']}" if shared else f"{step['side']}_{step['workload']}")
+        side_w = f"{step['side']}_{step['workload']}"
+        if cold:  # every cold process its own empty cache
+            cache = args.work / "cache" / (side_w if step["phase"] == "cold" else f"{side_w}_{step['phase']}")
+        else:  # one copy of the before side's first cold cache, or the side's own first cold cache
+            cache = args.work / "cache" / (f"shared_{step['workload']}" if shared else side_w)
         note = ("empty Inductor cache: cold start" if cold else
                 "a copy of the before side's cold cache, shared by both sides" if shared else
                 "the Inductor cache its side's cold process filled") + f"; {step['side']} side of engine_before_after"
@@ -161,20 +167,21 @@ def run(args) -> int:
         while i < len(steps):
             step = steps[i]
             # warm processes go in (before, after) pairs: both or neither
-            pair = steps[i:i + 2] if step["phase"] != "cold" else [step]
+            cold = step["phase"].startswith("cold")
+            pair = steps[i:i + 2] if not cold else [step]
             guess = sum(seen.get((s["side"], s["workload"]), FIRST_WARM_GUESS_S) for s in pair)
             left = deadline - time.monotonic()
-            if step["phase"] == "cold" and left < MIN_COLD_S:
+            if cold and left < MIN_COLD_S:
                 print(f"-- {left:.0f} s left: {step['name']} and what follows skipped", flush=True)
                 break
-            if step["phase"] != "cold" and left < guess:
+            if not cold and left < guess:
                 print(f"-- {left:.0f} s left, a {step['workload']} pair takes ~{guess:.0f} s: no more warm processes", flush=True)
                 break
             for s in pair:
-                if s["phase"] != "cold" and args.warm_cache == "shared" and not s["cache"].exists():
+                if not cold and args.warm_cache == "shared" and not s["cache"].exists():
                     shutil.copytree(args.work / "cache" / f"before_{s['workload']}", s["cache"])
                 done.append(execute(s, min(s["cap"], deadline - time.monotonic())))
-                if s["phase"] != "cold":
+                if not cold:
                     seen[(s["side"], s["workload"])] = done[-1]["seconds"]
             i += len(pair)
     except KeyboardInterrupt:
@@ -242,6 +249,8 @@ def compare(raw: Path) -> dict:
             phases = cells[workload].get(side, {})
             warm = [phases[p] for p in sorted((p for p in phases if p.startswith("warm")), key=lambda p: int(p[4:]))]
             cold = phases.get("cold", {})
+            colds = [phases[p] for p in sorted((p for p in phases if p.startswith("cold")), key=lambda p: int(p[4:] or 1))]
+            cold_starts = [c["cold_start_s"] for c in colds if c.get("cold_start_s") is not None]
             timed = [c for c in warm if "ms_median" in c] or [c for c in [cold] if "ms_median" in c]
             medians = [c["ms_median"] for c in timed]
             p90s = [c["ms_p90"] for c in timed]
@@ -253,7 +262,8 @@ def compare(raw: Path) -> dict:
                 "ms_p90_per_round": p90s,
                 # the spread of one side's round medians: the noise any after/before ratio must beat
                 "ms_median_spread": (max(medians) - min(medians)) / statistics.median(medians) if len(medians) > 1 else None,
-                "processes": [p for p in ["cold", *(f"warm{i}" for i in range(1, len(warm) + 1))] if p in phases],
+                "processes": [p for p in [*(f"cold{i}" if i > 1 else "cold" for i in range(1, len(colds) + 1)),
+                                          *(f"warm{i}" for i in range(1, len(warm) + 1))] if p in phases],
                 "timed_processes": "warm" if any("ms_median" in c for c in warm) else "cold",
                 "warm_compile_cache_counters": [c.get("compile_cache_counters") for c in warm],
                 "warm_start_s": [c.get("cold_start_s") for c in warm],
@@ -261,7 +271,9 @@ def compare(raw: Path) -> dict:
                 "kernels_per_iteration": kernels[0] if kernels and len(set(kernels)) == 1 else None,
                 "kernels_per_iteration_per_round": kernels,
                 "launches_per_iteration": next((c["launches_per_iteration"] for c in timed if "launches_per_iteration" in c), None),
-                "cold_start_s": cold.get("cold_start_s"),
+                # the median over the cold processes (one per --cold-pairs pair), each with an empty cache
+                "cold_start_s": statistics.median(cold_starts) if cold_starts else None,
+                "cold_start_s_per_process": cold_starts,
                 "cold_construct_s": cold.get("construct_s"),
                 "cold_graph_capture_s": cold.get("graph_capture_s"),
                 "cold_compile_phase_s": cold.get("compile_phase_s"),
@@ -315,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after", type=side_spec, default=side_spec(".:experiments/bench/benchmark_learner.py"), metavar="ROOT:SCRIPT")
     p.add_argument("--workloads", nargs="+", default=["W1", "W3"], choices=list(WARM_ITERS))
     p.add_argument("--rounds", type=int, default=3, help="warm rounds at most (the time limit may allow fewer)")
+    p.add_argument("--cold-pairs", type=int, default=1,
+                   help="cold processes per workload and side, the first side alternating (cold start's median)")
     p.add_argument("--warm-cache", choices=("shared", "own"), default="shared",
                    help="warm processes on one copy of the before side's cold cache (shared) or on their side's own")
     p.add_argument("--warm-iters", type=int, help="timed iterations per warm process (default: per workload, ~2-3 s)")
