@@ -12,6 +12,9 @@ with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patch
 to first update) plus an equal share of the iteration time left, so a slow run is cut, not
 lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
 --cpu-rehearsal: a tiny CPU run (16 envs, eager, the CPU-admitting patch) of the same steps.
+--no-eval: no stock eval at the end (its share goes to the trainings). A run at other than
+256 envs has them in its name (training_u8_b2048_e4096_...), so it never takes the name of a
+256-env run of the same updates and batch.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the trainings' JSON")
     parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
     parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
+    parser.add_argument("--no-eval", action="store_true", help="skip the stock eval of the last flashsac_opt checkpoint")
     parser.add_argument("--dry-run", action="store_true", help="print the commands with their time shares, run nothing")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.time_limit
@@ -130,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         n = len(runs) - i
         fixed = sum(x["startup"] for x in runs[i:])
         left = deadline - time.monotonic() - planned
-        share = int(r["startup"] + (left - EVAL_S - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
-        tag = f"u{r['u']}_b{args.batch}"
+        eval_s = 0 if args.no_eval else EVAL_S
+        share = int(r["startup"] + (left - eval_s - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
+        tag = f"u{r['u']}_b{args.batch}" + (f"_e{args.envs}" if args.envs != 256 else "")
         name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
         root = patched if r["learner"] == "flashsac_opt" else stock
         logs = args.work / f"logs_{name}"
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.work / "raw" / f"{name}.torch_logs.log").write_text("\n".join(said))
         if r["learner"] == "flashsac_opt":
             last_ours = (logs, tag)
-    if last_ours:
+    if last_ours and not args.no_eval:
         stock_eval(last_ours, stock, args, deadline, env)
     return 0
 

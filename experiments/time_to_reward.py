@@ -1,0 +1,324 @@
+"""Time to reward in real G1 training: stock UniLab 1.5.2 against UniLab patched with flashsac_opt.
+
+What a UniLab user waits for is the wall clock from `train` to a policy that walks. Per run
+(a JSON that experiments/benchmark_flashsac_training.py wrote): launch -> first learner update,
+learner and iteration ms (median, p90) over the last N logged iterations, and the seconds from
+launch to the first iteration whose 20-iteration moving mean of Train/mean_reward reaches each
+threshold (null: not within the run; the run's iteration count and whether its time limit cut it
+say how far it got). Runs are grouped by configuration (learner, mode, updates per step, batch,
+envs), seeds inside; per group the median over seeds. A time-to-reward claim needs at least
+MIN_SEEDS seeds: a group with fewer says so.
+
+    python experiments/time_to_reward.py summarize results/trainings/ \\
+        --output results/time_to_reward/time_to_reward.json --plot results/time_to_reward/time_to_reward.png
+
+The run matrix (stock vs patched, seeds 1-3, updates per step 8/32/64/128 at 256 envs and
+batch 256, plus UniLab's G1 default 4096 envs / batch 2048 x 8 updates; 1500 iterations at most)
+is a set of entries of experiments/device/runs.toml, one training per job, each job on one GPU
+and its own physical cores. `plan` prints the device calls in the order to spend device time
+(64 updates per step first); `plan --toml` prints the entries runs.toml holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
+from common import percentile, write_report  # noqa: E402
+from report import plotting  # noqa: E402
+from report.plot_time_reward import TAG, band  # noqa: E402
+from report.summarize_trainings import summarize_run  # noqa: E402
+
+WINDOW = 20  # iterations in the moving mean of Train/mean_reward
+THRESHOLDS = (20.0, 30.0)
+MIN_SEEDS = 3
+GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs")
+
+# The matrix: (name, updates per step, batch, envs), in the order device time goes to them.
+CONFIGS = (("u64", 64, 256, 256), ("u8", 8, 256, 256), ("u32", 32, 256, 256), ("u128", 128, 256, 256),
+           ("g1_default", 8, 2048, 4096))
+LEARNERS = (("unilab", "graph"), ("flashsac_opt", "graph"))  # stock UniLab's default learner vs the patched one
+SEEDS = (1, 2, 3)
+ITERATIONS = 1500
+ENTRY_LIMIT_S = 555  # one training: cold start-up (<= ~250 s) + 1500 iterations (<= ~240 s at U128)
+JOBS_LIMIT_S = 570
+TOML_BEGIN = "# time_to_reward.py plan --toml: begin (generated; edit the matrix there, then paste it again)"
+TOML_END = "# time_to_reward.py plan --toml: end"
+
+
+# ---- summarize -------------------------------------------------------------------------------
+
+def moving_mean(values: list[float], window: int = WINDOW) -> list[float]:
+    """The mean of each full window of ``window`` consecutive values (len(values) - window + 1
+    of them; none for a shorter series): entry k ends at values[k + window - 1]."""
+    if len(values) < window:
+        return []
+    sums = np.cumsum(np.concatenate([[0.0], np.asarray(values, dtype=float)]))
+    return ((sums[window:] - sums[:-window]) / window).tolist()
+
+
+def first_crossing(rows: list[dict], threshold: float, window: int = WINDOW) -> dict | None:
+    """The first logged iteration whose moving mean over the ``window`` rows ending there
+    reaches ``threshold``: {iteration, seconds from launch, the moving mean}; None if none does."""
+    means = moving_mean([r["reward"] for r in rows], window)
+    for k, m in enumerate(means):
+        if m >= threshold:
+            row = rows[k + window - 1]
+            return {"iteration": row.get("iteration"), "seconds": row["wall_s"], "moving_mean": m}
+    return None
+
+
+def reward_rows(report: dict) -> list[dict]:
+    """The rows with a reward and seconds from launch (reports from before wall_s have none)."""
+    return [r for r in report.get("rows_all", []) if "reward" in r and "wall_s" in r]
+
+
+def tail_stats(rows: list[dict], key: str, last: int) -> dict | None:
+    values = [r[key] for r in rows[-last:] if key in r]
+    if not values:
+        return None
+    return {"median": percentile(values, 0.5), "p90": percentile(values, 0.9), "count": len(values)}
+
+
+def summarize_file(path: Path, last: int) -> dict:
+    """One run: its configuration and provenance (summarize_trainings' fields), the tail
+    timings over its last ``last`` logged iterations, and the threshold crossings."""
+    base = summarize_run(path)
+    report = json.loads(path.read_text())
+    rows = reward_rows(report)
+    env = report.get("environment", {})
+    return {
+        **{k: base[k] for k in ("file", *GROUP_KEY, "seed", "iterations_planned", "iterations_logged",
+                                "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
+        "first_update_s": base["first_learner_iteration_s"],
+        "rows_with_wall_s": len(rows),
+        "wall_s_last": rows[-1]["wall_s"] if rows else None,
+        "tail_iterations": last,
+        "learner_ms": tail_stats(report.get("rows_all", []), "learner_train_ms", last),
+        "iteration_ms": tail_stats(report.get("rows_all", []), "iter_ms", last),
+        "reward_last": rows[-1]["reward"] if rows else None,
+        "reward_moving_mean_last": (moving_mean([r["reward"] for r in rows]) or [None])[-1],
+        "reward_moving_mean_max": max(moving_mean([r["reward"] for r in rows]), default=None),
+        "time_to_reward": {f"{t:g}": first_crossing(rows, t) for t in THRESHOLDS},
+        "provenance": {"gpu": env.get("gpu"), "torch": env.get("torch"), "date": env.get("date"),
+                       "cpu_cores": env.get("cpu_cores"), "cpu_cores_usable": env.get("cpu_cores_usable"),
+                       "cuda_visible_devices": env.get("cuda_visible_devices"), "run_note": env.get("run_note", ""),
+                       "unilab": env.get("unilab"), "command": report.get("command"), "unilab_command": report.get("unilab_command")},
+        "curve": {"wall_s": [r["wall_s"] for r in rows][WINDOW - 1:], "reward_moving_mean": moving_mean([r["reward"] for r in rows])},
+    }
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median over seeds, a seed that never got there counting as later than any that did:
+    None when half of the seeds or more never did."""
+    finite = sorted(v for v in values if v is not None)
+    ranked = finite + [float("inf")] * (len(values) - len(finite))
+    if not ranked:
+        return None
+    m = statistics.median(ranked)
+    return None if m == float("inf") else m
+
+
+def group_runs(runs: list[dict]) -> list[dict]:
+    """Runs grouped by configuration, seeds inside, with the median over seeds of each
+    measure and whether the group has the seeds a time-to-reward claim needs."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run[k] for k in GROUP_KEY), []).append(run)
+    out = []
+    for key, members in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][4], kv[0][0] != "unilab", kv[0][1])):
+        members.sort(key=lambda r: r["seed"])
+        seeds = [r["seed"] for r in members]
+        stat = lambda get: median_or_none([get(r) for r in members])  # noqa: E731
+        out.append({
+            **dict(zip(GROUP_KEY, key)),
+            "label": label(dict(zip(GROUP_KEY, key))),
+            "seeds": seeds, "count": len(members), "enough_seeds": len(set(seeds)) >= MIN_SEEDS,
+            "note": "" if len(set(seeds)) >= MIN_SEEDS else f"fewer than {MIN_SEEDS} seeds: no time-to-reward claim",
+            "median": {
+                "first_update_s": stat(lambda r: r["first_update_s"]),
+                "learner_ms": stat(lambda r: (r["learner_ms"] or {}).get("median")),
+                "iteration_ms": stat(lambda r: (r["iteration_ms"] or {}).get("median")),
+                **{f"time_to_reward_{t:g}_s": stat(lambda r, t=t: (r["time_to_reward"][f"{t:g}"] or {}).get("seconds"))
+                   for t in THRESHOLDS},
+            },
+            "reached": {f"{t:g}": sum(r["time_to_reward"][f"{t:g}"] is not None for r in members) for t in THRESHOLDS},
+            "files": [r["file"] for r in members],
+        })
+    return out
+
+
+def label(g: dict) -> str:
+    who = "stock UniLab" if g["learner"] == "unilab" else "patched (flashsac_opt)"
+    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']}"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Reward (moving mean) vs wall clock since launch: one colour per configuration, the
+    min-max band over its seeds (plot_time_reward's band), each seed as a thin line."""
+    import matplotlib
+
+    fig, ax = plotting.subplots(figsize=(11, 7))
+    runs = {r["file"]: r for r in report["runs"]}
+    colors = matplotlib.colormaps["tab20"].colors  # tab10, the default cycle, repeats past ten configurations
+    for i, g in enumerate(report["groups"]):
+        curves = [(np.array(runs[f]["curve"]["wall_s"]), np.array(runs[f]["curve"]["reward_moving_mean"])) for f in g["files"]]
+        curves = [c for c in curves if len(c[0])]
+        if not curves:
+            continue
+        b = band(curves, 200)
+        color = plotting.line_with_band(ax, b["grid_s"], b["mean"], b["min"], b["max"],
+                                        f"{g['label']} ({g['count']} seed{'s' if g['count'] != 1 else ''}"
+                                        f"{'' if g['enough_seeds'] else ', too few'})", color=colors[i % len(colors)])
+        for t, r in curves:  # each seed: where the seeds do not overlap in time, the mean line is absent
+            ax.plot(t, r, color=color, linewidth=0.9, alpha=0.7)
+    for t in THRESHOLDS:
+        ax.axhline(t, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlim(left=0)
+    plotting.finish_axis(ax, "wall clock since UniLab's train was launched (s): start-up and compile included",
+                         f"{TAG}, {WINDOW}-iteration moving mean",
+                         "G1 walk flat, MuJoCo: reward vs wall clock\n(line: mean where all seeds run; band: min-max over seeds; thin: each seed)",
+                         legend=False)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    plotting.save(fig, path)
+
+
+def training_files(paths: list[Path]) -> list[Path]:
+    files = []
+    for p in paths:
+        files += sorted(p.glob("training_*.json")) if p.is_dir() else [p]
+    return files
+
+
+def summarize_main(args, parser) -> int:
+    files = training_files(args.inputs)
+    if not files:
+        parser.error("no training JSON among the inputs")
+    runs, skipped = [], []
+    for path in files:
+        try:
+            run = summarize_file(path, args.last)
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"{path}: {exc}")
+        if not run["rows_with_wall_s"] and run["iterations_logged"]:
+            skipped.append({"file": path.name, "why": "its rows have no seconds from launch (a report from before wall_s)"})
+            continue
+        runs.append(run)
+    groups = group_runs(runs)
+    report = {
+        "experiment": "time_to_reward",
+        "summarizes": [str(p) for p in files],
+        "what": ("a summary of the training JSON in 'summarizes' (written on the GPUs their provenance names); "
+                 "nothing here was measured by this command"),
+        "tag": TAG, "window": WINDOW, "thresholds": list(THRESHOLDS), "min_seeds": MIN_SEEDS, "tail_iterations": args.last,
+        "time_to_reward_definition": (f"seconds from launching UniLab's train to the first logged iteration whose {WINDOW}-iteration "
+                                      "moving mean of Train/mean_reward reaches the threshold; null: not within the run"),
+        "groups": groups, "runs": runs, "skipped": skipped,
+    }
+    write_report(report, args.output, plot if args.plot else None, args.plot)
+    for g in groups:
+        m = g["median"]
+        reach = ", ".join(
+            f"reward {t:g}: " + (f"{m[f'time_to_reward_{t:g}_s']:.0f} s" if m[f"time_to_reward_{t:g}_s"] is not None else "not reached")
+            + f" ({g['reached'][f'{t:g}']} of {g['count']})" for t in THRESHOLDS)
+        fmt = lambda v, spec: "?" if v is None else format(v, spec)  # noqa: E731
+        print(f"{g['label']}: seeds {g['seeds']}{' (fewer than %d: no claim)' % MIN_SEEDS if not g['enough_seeds'] else ''}; "
+              f"first update {fmt(m['first_update_s'], '.0f')} s, learner {fmt(m['learner_ms'], '.2f')} ms, "
+              f"iteration {fmt(m['iteration_ms'], '.1f')} ms; {reach}")
+    for r in runs:
+        if all(v is None for v in r["time_to_reward"].values()):
+            cut = ", cut by its time limit" if r["stopped_by_time_limit"] else ""
+            print(f"  {r['file']}: no threshold reached within {r['iterations_logged']} iterations{cut} "
+                  f"(moving mean at most {fmt(r['reward_moving_mean_max'], '.2f')})")
+    for s in skipped:
+        print(f"  skipped {s['file']}: {s['why']}")
+    return 0
+
+
+# ---- plan: the device runs -------------------------------------------------------------------
+
+def training_file(cfg: tuple, learner: str, mode: str, seed: int) -> str:
+    """The JSON name experiments/device/trainings.py gives the run."""
+    _, u, batch, envs = cfg
+    return f"training_u{u}_b{batch}" + (f"_e{envs}" if envs != 256 else "") + f"_{learner}_{mode}_s{seed}.json"
+
+
+def entry_name(cfg: tuple, learner: str, seed: int) -> str:
+    return f"ttr_{cfg[0]}_{learner}_s{seed}"
+
+
+def job_groups(cfg: tuple) -> list[tuple[str, str, list[str]]]:
+    """(run name, device kind, jobs): stock and patched of seeds 1 and 2 on a 4-GPU host, seed 3
+    on a 2-GPU host; every job one GPU and an equal share of the host's whole physical cores
+    (run.py's physical_core_groups), which each training's JSON records in its run_note."""
+    pair = lambda s: [entry_name(cfg, learner, s) for learner, _ in LEARNERS]  # noqa: E731
+    return [(f"ttr_{cfg[0]}_s1_s2_x4", "nvidia-h200-x4", pair(1) + pair(2)),
+            (f"ttr_{cfg[0]}_s3_x2", "nvidia-h200-x2", pair(3))]
+
+
+def toml_entries() -> str:
+    q = json.dumps
+    lines = [TOML_BEGIN,
+             "# Time to reward (experiments/time_to_reward.py): one training per job, cold Inductor cache,",
+             f"# {ITERATIONS} iterations at most, no stock eval; the jobs runs put them side by side, one GPU each.",
+             "# No log file comes back (a call returns at most 8 files: four JSON and runs.json fill an x4 call);",
+             "# trainings.py prints each training's last lines, and a failed one's traceback, to the console."]
+    for cfg in CONFIGS:
+        name, u, batch, envs = cfg
+        for seed in SEEDS:
+            for learner, mode in LEARNERS:
+                who = "stock UniLab" if learner == "unilab" else "flashsac_opt"
+                args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS), "--no-eval",
+                        "--time-limit", "{limit}", "--out", "{out}", "--work", "{work}", f"{learner}:{mode}:{seed}"]
+                lines += ["", f"[runs.{entry_name(cfg, learner, seed)}]",
+                          f"help = {q(f'time to reward: {who} {mode}, {u} updates per step, batch {batch}, {envs} envs, seed {seed}, {ITERATIONS} iterations')}",
+                          'script = "experiments/device/trainings.py"',
+                          f"args = [{', '.join(q(a) for a in args)}]",
+                          f"limit = {ENTRY_LIMIT_S}", 'wheels = "training"', "cold_cache = true",
+                          'env = { TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS = "ATEN", WANDB_MODE = "disabled", HYDRA_FULL_ERROR = "1" }',
+                          f"outputs = [{q(training_file(cfg, learner, mode, seed))}]", "log = false"]
+        for run, kind, jobs in job_groups(cfg):
+            lines += ["", f"[runs.{run}]", f"help = {q(f'time to reward, {name}: {len(jobs)} trainings side by side on {kind}')}",
+                      f"jobs = [{', '.join(q(j) for j in jobs)}]", f"limit = {JOBS_LIMIT_S}"]
+    return "\n".join(lines + [TOML_END]) + "\n"
+
+
+def plan_main(args) -> int:
+    if args.toml:
+        print(toml_entries(), end="")
+        return 0
+    print(f"Time-to-reward matrix: {len(CONFIGS)} configurations x {len(LEARNERS)} learners x {len(SEEDS)} seeds, "
+          f"{ITERATIONS} iterations at most; device calls in order (one command each, at most {JOBS_LIMIT_S} s):")
+    for cfg in CONFIGS:
+        _, u, batch, envs = cfg
+        for run, kind, jobs in job_groups(cfg):
+            print(f"  [{kind}] python3 experiments/device/run.py {run}    # U{u} B{batch} E{envs}: {', '.join(jobs)}")
+    print("Check one first: python experiments/device/run.py --dry-run RUN; then summarize the returned JSON:")
+    print("  python experiments/time_to_reward.py summarize DIR... --output results/time_to_reward/NAME.json --plot results/time_to_reward/NAME.png")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("summarize", help="per run and per configuration: start-up, timings, time to reward; JSON and figure")
+    s.add_argument("inputs", nargs="+", type=Path, help="training JSON files, or folders of training_*.json")
+    s.add_argument("--last", type=int, default=500, help="iterations at the end of each run the timings are taken over")
+    s.add_argument("--output", type=Path, required=True)
+    s.add_argument("--plot", type=Path)
+    p = sub.add_parser("plan", help="the device calls of the run matrix, in order")
+    p.add_argument("--toml", action="store_true", help="print the runs.toml entries instead")
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        return plan_main(args)
+    return summarize_main(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""experiments/time_to_reward.py: the moving-mean threshold crossing, grouping by
+configuration with the seed-count mark, the JSON and figure it writes, its summary of the
+committed H200 trainings (none reaches reward 20), and the device runs it plans (runs.toml
+holds them, the driver's dry run shows their commands)."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "experiments" / "time_to_reward.py"
+TRAININGS = REPO / "results" / "trainings"
+TEMPLATE = TRAININGS / "training_u8_b256_flashsac_opt_graph_s1.json"
+
+
+def load():
+    import importlib.util
+
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("time_to_reward", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path[:] = saved
+
+
+ttr = load()
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def rows_of(rewards, start_s=100.0, step_s=0.5, first_iteration=1):
+    return [{"iteration": first_iteration + i, "wall_s": start_s + step_s * i, "reward": r, "learner_train_ms": 5.0 + i % 3,
+             "iter_ms": 30.0 + i % 5} for i, r in enumerate(rewards)]
+
+
+def test_moving_mean_is_over_full_windows_only():
+    assert ttr.moving_mean(list(range(25)), 20) == pytest.approx([9.5 + k for k in range(6)])
+    assert ttr.moving_mean([1.0] * 19, 20) == []  # shorter than the window: no mean at all
+    assert ttr.moving_mean([2.0] * 20, 20) == [2.0]
+
+
+def test_first_crossing_names_the_exact_iteration_and_seconds():
+    # 30 rows at 0, then 40: the window ending at row k (k >= 30) holds (k - 29) fours of ten;
+    # the mean reaches 20 when 10 of the 20 are 40, i.e. at row 39 (iteration 40, 100 + 39 * 0.5 s)
+    rows = rows_of([0.0] * 30 + [40.0] * 30)
+    hit = ttr.first_crossing(rows, 20.0)
+    assert hit == {"iteration": 40, "seconds": 119.5, "moving_mean": 20.0}
+    hit30 = ttr.first_crossing(rows, 30.0)
+    assert hit30["iteration"] == 45 and hit30["seconds"] == 122.0 and hit30["moving_mean"] == pytest.approx(30.0)
+    # a single spike above the threshold does not move a 20-iteration mean there
+    assert ttr.first_crossing(rows_of([0.0] * 40 + [100.0] + [0.0] * 40), 20.0) is None
+
+
+def test_never_reached_and_a_run_shorter_than_the_window_give_null():
+    assert ttr.first_crossing(rows_of([19.9] * 200), 20.0) is None
+    assert ttr.first_crossing(rows_of([50.0] * 19), 20.0) is None  # 19 rows: no full window
+
+
+def test_median_over_seeds_counts_a_seed_that_never_got_there_as_latest():
+    assert ttr.median_or_none([100.0, 200.0, 300.0]) == 200.0
+    assert ttr.median_or_none([100.0, 200.0, None]) == 200.0
+    assert ttr.median_or_none([100.0, None, None]) is None  # most seeds never: no median time
+    assert ttr.median_or_none([]) is None
+
+
+def fake_run(tmp_path, learner, seed, rewards, updates=64, stopped=False):
+    report = copy.deepcopy(json.loads(TEMPLATE.read_text()))
+    report["learner"] = learner
+    report["training_config"].update(seed=seed, updates_per_step=updates, iterations=len(rewards) + 1)
+    report["rows_all"] = rows_of(rewards, start_s=90.0 + seed)
+    report["rows"] = report["rows_all"][-10:]
+    report["iterations_logged"] = len(rewards)
+    report["stopped_by_time_limit"] = stopped
+    report["completed"] = not stopped
+    path = tmp_path / f"training_u{updates}_b256_{learner}_graph_s{seed}.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_grouping_by_configuration_marks_groups_with_fewer_than_three_seeds(tmp_path):
+    climb = [0.0] * 30 + [40.0] * 30
+    files = [fake_run(tmp_path, "flashsac_opt", s, climb) for s in (1, 2, 3)]
+    files += [fake_run(tmp_path, "unilab", s, [5.0] * 60) for s in (1, 2)]
+    runs = [ttr.summarize_file(f, last=10) for f in files]
+    groups = {g["learner"]: g for g in ttr.group_runs(runs)}
+    ours, stock = groups["flashsac_opt"], groups["unilab"]
+    assert ours["seeds"] == [1, 2, 3] and ours["count"] == 3 and ours["enough_seeds"] and ours["note"] == ""
+    assert stock["seeds"] == [1, 2] and not stock["enough_seeds"] and "fewer than 3 seeds" in stock["note"]
+    # seed s starts at 90 + s s: iteration 40 comes at 90 + s + 19.5 s; the median over seeds is seed 2's
+    assert ours["median"]["time_to_reward_20_s"] == 111.5
+    assert ours["reached"] == {"20": 3, "30": 3}
+    assert stock["median"]["time_to_reward_20_s"] is None and stock["reached"] == {"20": 0, "30": 0}
+    # tail timings over the last 10 rows (rows 50..59): learner 5 + i % 3, iteration 30 + i % 5
+    assert runs[0]["learner_ms"]["count"] == 10 and runs[0]["learner_ms"]["median"] == 6.0
+    assert runs[0]["iteration_ms"]["median"] == 32.0
+
+
+def test_summarize_writes_the_json_schema_and_the_figure(tmp_path):
+    files = [fake_run(tmp_path, "flashsac_opt", s, [0.0] * 30 + [40.0] * 30) for s in (1, 2, 3)]
+    files.append(fake_run(tmp_path, "unilab", 1, [5.0] * 60, stopped=True))
+    out, fig = tmp_path / "out" / "ttr.json", tmp_path / "out" / "ttr.png"
+    done = cli("summarize", *map(str, files), "--last", "10", "--output", str(out), "--plot", str(fig))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["experiment"] == "time_to_reward" and report["window"] == 20 and report["thresholds"] == [20.0, 30.0]
+    assert report["summarizes"] == [str(f) for f in files] and report["command"].startswith("python ")
+    assert len(report["runs"]) == 4 and len(report["groups"]) == 2
+    run = next(r for r in report["runs"] if r["learner"] == "unilab")
+    assert run["stopped_by_time_limit"] is True and run["iterations_logged"] == 60
+    assert run["time_to_reward"] == {"20": None, "30": None}
+    for key in ("gpu", "torch", "date", "cpu_cores_usable", "run_note", "command"):
+        assert key in run["provenance"]
+    assert run["provenance"]["gpu"] == "NVIDIA H200" and "--updates-per-step" in run["provenance"]["command"]
+    assert "no threshold reached within 60 iterations, cut by its time limit" in done.stdout
+    assert fig.is_file() and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and fig.stat().st_size > 10_000
+
+
+def test_summary_of_the_committed_h200_trainings_says_no_run_reaches_reward_20(tmp_path):
+    out = tmp_path / "h200.json"
+    done = cli("summarize", str(TRAININGS), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    files = sorted(TRAININGS.glob("training_*.json"))
+    assert len(report["runs"]) == len(files) and not report["skipped"]
+    assert all(r["time_to_reward"] == {"20": None, "30": None} for r in report["runs"])
+    assert all(g["median"]["time_to_reward_20_s"] is None and g["reached"]["20"] == 0 for g in report["groups"])
+    assert "reward 20: not reached" in done.stdout and done.stdout.count("no threshold reached") == len(files)
+    # the launch -> first update is the first logged row's seconds, as summarize_trainings reports it
+    for r in report["runs"]:
+        rows = json.loads((TRAININGS / r["file"]).read_text())["rows_all"]
+        assert r["first_update_s"] == min(x["wall_s"] for x in rows)
+    # the 3-seed groups at 2 updates per step are the only ones with enough seeds
+    assert sorted((g["learner"], g["updates_per_step"]) for g in report["groups"] if g["enough_seeds"]) == [
+        ("flashsac_opt", 2), ("unilab", 2)]
+
+
+def test_the_committed_summary_is_what_the_command_makes_from_the_committed_runs(tmp_path):
+    committed = json.loads((REPO / "results" / "time_to_reward" / "time_to_reward_h200_trainings.json").read_text())
+    out = tmp_path / "again.json"
+    assert cli("summarize", "results/trainings/", "--output", str(out)).returncode == 0
+    again = json.loads(out.read_text())
+    assert committed["groups"] == again["groups"] and committed["runs"] == again["runs"]
+    assert "summary of the training JSON" in committed["what"]
+
+
+def test_runs_toml_holds_the_planned_entries_and_the_driver_shows_their_commands():
+    text = (REPO / "experiments" / "device" / "runs.toml").read_text()
+    assert ttr.toml_entries() in text, "runs.toml differs from `time_to_reward.py plan --toml`: paste it again"
+    plan = cli("plan")
+    assert plan.returncode == 0
+    calls = [line for line in plan.stdout.splitlines() if "experiments/device/run.py ttr_" in line]
+    assert len(calls) == 2 * len(ttr.CONFIGS) and "ttr_u64_s1_s2_x4" in calls[0] and "ttr_u64_s3_x2" in calls[1]
+    dry = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", "ttr_u64_s1_s2_x4"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert "over the device's limits" not in dry.stdout, dry.stdout
+    for learner in ("unilab", "flashsac_opt"):
+        for seed in (1, 2):
+            line = next(x for x in dry.stdout.splitlines() if f"[training_u64_b256_{learner}_graph_s{seed}]" in x)
+            assert f"--learner {learner} --mode graph --seed {seed} --num-envs 256 --batch-size 256 --updates-per-step 64" in line
+            assert "--iterations 1500" in line
+    assert dry.stdout.count("taskset -c <physical cores") == 4 and "stock eval" not in dry.stdout
+    default = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", "ttr_g1_default_s3_x2"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert "training_u8_b2048_e4096_unilab_graph_s3.json" in default.stdout
+    assert "--num-envs 4096 --batch-size 2048 --updates-per-step 8" in default.stdout
