@@ -174,6 +174,85 @@ def unilab(args: argparse.Namespace) -> int:
     return 0
 
 
+PRECOMPILE_HELP = """\
+Composes the UniLab config with Hydra (the same overrides as `train`, e.g.
+algo.batch_size=256 algo.updates_per_step=64 algo.algo_params.learner_mode=graph;
+a key the config lacks takes Hydra's '+'), builds flashsac_opt's learner for the
+given dims, runs one iteration on a synthetic batch (compile, and in graph mode
+capture) and writes torch.compile's cache artifacts to
+algo.algo_params.compile_cache_file, or with that unset to the keyed default
+file (flashsac_opt/compile_cache.py). A later `train` with
+algo.algo_params.compile_cache_file=auto (or that path) then loads it before
+compiling. The key covers the dims and every config value that reaches the
+compiled code: train with the same overrides. Exit status 1 when torch left no
+artifacts to write (e.g. compile_backend=aot_eager), 2 when refused.
+"""
+
+
+def _unilab_config_file() -> "Path":
+    import unilab
+    from pathlib import Path
+
+    return Path(unilab.__file__).parent / "conf" / "flashsac" / "config.yaml"
+
+
+def precompile(args: argparse.Namespace) -> int:
+    """Compile (and capture) once for a configuration and write the compile cache file."""
+    import time
+    from pathlib import Path
+
+    import torch
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from flashsac_opt import compile_cache
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    start = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = Path(args.config) if args.config else _unilab_config_file()
+    try:
+        with initialize_config_dir(config_dir=str(config.resolve().parent), version_base=None):
+            composed = compose(config.stem, overrides=list(args.overrides))
+        params = composed.get("algo", {}).get("algo_params", {}) or {}
+        # What patch 0001 passes when the config has no such key: graph mode, no cache file.
+        mode = params.get("learner_mode") or "graph"
+        cfg = FlashSACConfig.from_unilab(composed, learner_mode=mode)
+        cfg = cfg.replace(compile_cache_file=cfg.compile_cache_file or compile_cache.AUTO)
+        learner = FlashSACLearner(cfg, args.obs_dim, args.critic_obs_dim, args.action_dim, device=device)
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
+        print(f"refused: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if not learner.engine.compiled:
+        print(f"refused: learner_mode={cfg.learner_mode} compiles nothing, so there is nothing to cache", file=sys.stderr)
+        return 2
+    rows = cfg.batch_size * cfg.updates_per_step
+    batch = synthetic_batch(
+        rows, args.obs_dim, args.critic_obs_dim, args.action_dim, torch.Generator().manual_seed(0), device=learner.device
+    )
+    learner.update(batch)
+    if learner.device.type == "cuda":
+        torch.cuda.synchronize(learner.device)
+    seconds = time.perf_counter() - start
+    engine = learner.engine
+    what = f"learner_mode={cfg.learner_mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {learner.device}"
+    if engine.compile_cache_loaded:
+        print(f"already warm: loaded {engine.compile_cache_file} ({what}); nothing written; {seconds:.1f} s")
+        return 0
+    if not engine.compile_cache_saved:
+        print(
+            f"no cache file written: torch left no cache artifacts (compile_backend={cfg.compile_backend}; "
+            f"only Inductor writes them) for {what}; {seconds:.1f} s"
+        )
+        return 1
+    size = Path(engine.compile_cache_file).stat().st_size
+    print(f"wrote {engine.compile_cache_file} ({size} bytes; {what}) in {seconds:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashsac-opt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,6 +273,19 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--patch", action="append", help="only this patch (repeatable); default: the required ones")
     patch.add_argument("--with-cpu-smoke", action="store_true", help="apply: also the optional patch admitting CPU off-policy runs")
     patch.set_defaults(func=unilab)
+    pre = sub.add_parser(
+        "precompile",
+        help="compile (and capture) once for a UniLab configuration and write the compile cache file",
+        description=PRECOMPILE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pre.add_argument("overrides", nargs="*", help="Hydra overrides of the UniLab config (key=value)")
+    pre.add_argument("--config", help="UniLab's conf/flashsac/config.yaml (default: the installed one)")
+    pre.add_argument("--obs-dim", type=int, default=98, help="actor observation dim (default: G1's 98)")
+    pre.add_argument("--critic-obs-dim", type=int, default=101, help="critic observation dim (default: G1's 101)")
+    pre.add_argument("--action-dim", type=int, default=29, help="action dim (default: G1's 29)")
+    pre.add_argument("--device", help="default: cuda when available, else cpu")
+    pre.set_defaults(func=precompile)
     return parser
 
 

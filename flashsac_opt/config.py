@@ -77,10 +77,16 @@ class EngineOptions:
     # {"coordinate_descent_tuning": True} tunes launch configs for minutes of compile (0.96x);
     # {"aggressive_fusion": True} measured 0.97-1.02x (results/learner_benchmark/benchmark_learner_study_W1_W3.json).
     inductor_options: dict | None = None
-    # File of torch.compile's portable cache artifacts ("mega-cache"): loaded at construction
-    # when it exists, written after the first compiled iteration when it does not. A fresh
-    # machine (same GPU kind, torch and triton) then skips Inductor's code generation and
-    # Triton compilation. It holds generated code: only point it at files you trust.
+    # File of torch.compile's portable cache artifacts ("mega-cache"): loaded before the
+    # first compile when it exists, written after the first compiled iteration when it does
+    # not. A fresh machine (same GPU kind, torch and triton) then skips Inductor's code
+    # generation and Triton compilation. "auto": the file named by a key over GPU, versions,
+    # dims, per-update rows and this config in $FLASHSAC_OPT_CACHE_DIR or
+    # ~/.cache/flashsac_opt (compile_cache.py; `flashsac-opt precompile` fills it). None: no
+    # file. Off by default: Inductor's own on-disk caches already warm a second run on the
+    # same machine, and a default file would make every run load generated code from the
+    # home directory, cold-start measurements included. It holds generated code: only
+    # point it at files you trust. Eager mode ignores it.
     compile_cache_file: str | None = None
     # One compile boundary per network update: forward, backward (torch.func), finite
     # guard, Adam, renormalization and commits in one graph. False: loss and step compiled

@@ -41,14 +41,13 @@ Graph-mode lifetime rules (what keeps a captured graph valid):
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
+
+from flashsac_opt import compile_cache
 
 MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
@@ -142,10 +141,14 @@ class Engine:
         fused_update: bool | None = None,
         reduce: Callable[..., list[torch.Tensor]] | None = None,
         compile_cache_file: str | None = None,
+        compile_cache_key: Mapping[str, Any] | None = None,
     ):
         """``state``: every tensor an iteration changes in place (parameters included).
         ``reduce``: averages (grad, *loss outputs) across data-parallel ranks between loss and
-        step (forces the split form)."""
+        step (forces the split form). ``compile_cache_file``: a file of torch.compile's cache
+        artifacts (compiled modes only), or ``"auto"`` for the keyed file in the default
+        directory (compile_cache.py), resolved at the first batch from ``compile_cache_key``
+        (the caller's ``dims`` and ``config`` mappings) and what the engine adds."""
         self.mode = check_mode(mode)
         self.device = device
         if self.mode == "graph" and device.type != "cuda":
@@ -165,15 +168,48 @@ class Engine:
         self._graph: CapturedIteration | None = CapturedIteration(self) if self.mode == "graph" else None
         if self.compiled:
             mark_static(*self.state)
-        self._cache_file = compile_cache_file if self.compiled else None
-        self.compile_cache_loaded = bool(self._cache_file and load_compile_cache(self._cache_file))
-        self._save_cache_after_iteration = bool(self._cache_file and not self.compile_cache_loaded)
+        # The artifact file is loaded before the first compile and written after the first
+        # iteration when it was not loaded. An explicit file is loaded now; "auto" names a file
+        # by a key that needs the per-update rows, so it is resolved by the first batch.
+        self._cache_option = compile_cache_file if self.compiled else None
+        self._cache_key_inputs = dict(compile_cache_key or {})
+        self.compile_cache_file: str | None = None  # the file in use, once resolved
+        self.compile_cache_loaded = False
+        self.compile_cache_saved = False
+        self._save_cache_after_iteration = False
+        if self._cache_option and self._cache_option != compile_cache.AUTO:
+            self._open_compile_cache(self._cache_option)
 
     # ---------------------------------------------------------------- building
-    def update_functions(self, rows: int) -> Mapping[str, Callable[..., torch.Tensor]]:
+    def _open_compile_cache(self, path: str) -> None:
+        self.compile_cache_file = str(path)
+        self.compile_cache_loaded = compile_cache.load(path)
+        self._save_cache_after_iteration = not self.compile_cache_loaded
+
+    def compile_cache_key(self, rows: int, schedule: Schedule | None = None) -> str:
+        """The default cache file's key for a first batch of ``rows`` per update."""
+        options = inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
+        return compile_cache.cache_key(
+            compile_cache.environment(self.device),
+            rows=rows,
+            dims=self._cache_key_inputs.get("dims", {}),
+            config=self._cache_key_inputs.get("config", {}),
+            mode=self.mode,
+            backend=self._backend,
+            inductor_options=options,
+            fused_update=self._fused_option,
+            data_parallel=self._reduce is not None,
+            networks=sorted(self._networks),
+            schedule=asdict(schedule) if schedule is not None else None,
+        )
+
+    def update_functions(self, rows: int, schedule: Schedule | None = None) -> Mapping[str, Callable[..., torch.Tensor]]:
         """The per-network update callables; the first call picks their form from ``rows``
-        (the per-update batch size) and compiles them."""
+        (the per-update batch size) and compiles them (lazily: torch.compile compiles at the
+        first call), after loading the compile cache."""
         if self._updates is None:
+            if self._cache_option == compile_cache.AUTO and self.compile_cache_file is None:
+                self._open_compile_cache(str(compile_cache.default_file(self.compile_cache_key(rows, schedule))))
             if self._fused_option is None:
                 fused = rows <= FUSED_UPDATE_MAX_BATCH
             else:
@@ -229,7 +265,7 @@ class Engine:
     def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> None:
         """One iteration on a batch of ``updates_per_step`` x rows. Does not synchronize."""
         rows = next(iter(batch.values())).shape[0] // schedule.updates_per_step
-        updates = self.update_functions(rows)
+        updates = self.update_functions(rows, schedule)
         if self._graph is not None:
             self._graph.run(batch, schedule)
         else:
@@ -241,7 +277,7 @@ class Engine:
         whose draws come from ``generator``. In graph mode the sampling is captured too (one
         replay draws new indices, gathers the rows and runs every update); ``source``
         identifies the replay in the capture key."""
-        updates = self.update_functions(rows)
+        updates = self.update_functions(rows, schedule)
         if self._graph is not None:
             self._graph.run_sampled(sample, schedule, source, generator)
         else:
@@ -251,7 +287,7 @@ class Engine:
     def _after_iteration(self) -> None:
         if self._save_cache_after_iteration:  # once: the first iteration compiled everything
             self._save_cache_after_iteration = False
-            save_compile_cache(self._cache_file)
+            self.compile_cache_saved = compile_cache.save(self.compile_cache_file)
 
     @contextlib.contextmanager
     def preserved(self, generators: Sequence[torch.Generator] = ()) -> Iterator[None]:
@@ -342,31 +378,3 @@ class CapturedIteration:
         self.graph, self.key = graph, key
         self.captures += 1
 
-
-def load_compile_cache(path: str) -> bool:
-    """Pre-populate torch.compile's caches from a saved artifact file; False if there is none."""
-    file = Path(path)
-    if not file.is_file():
-        return False
-    try:
-        info = torch.compiler.load_cache_artifacts(file.read_bytes())
-        problem = None if info is not None else "torch rejected it (see its log)"
-    except Exception as exc:  # a corrupt or foreign file must not stop training  # noqa: BLE001
-        problem = f"{type(exc).__name__}: {exc}"
-    if problem is not None:
-        warnings.warn(f"compile cache {file} could not be loaded ({problem}); compiling from scratch and rewriting it", stacklevel=3)
-        return False
-    return True
-
-
-def save_compile_cache(path: str) -> bool:
-    """Write every cache artifact this process's compilations produced (atomically)."""
-    saved = torch.compiler.save_cache_artifacts()
-    if saved is None:  # nothing cacheable (e.g. the aot_eager backend)
-        return False
-    file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(file.name + ".tmp")
-    tmp.write_bytes(saved[0])
-    os.replace(tmp, file)
-    return True

@@ -153,6 +153,8 @@ class FlashSACLearner:
             fused_update=cfg.fused_update,
             reduce=self.averager.average if self.averager is not None else None,
             compile_cache_file=cfg.compile_cache_file,
+            # what names the default ("auto") cache file, with what the engine adds
+            compile_cache_key={"dims": {"obs": obs_dim, "critic_obs": critic_obs_dim, "action": action_dim}, "config": asdict(cfg)},
         )
         self.broadcast_params = False
         if self.averager is not None:

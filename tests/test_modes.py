@@ -320,6 +320,8 @@ def test_compile_cache_file_is_skipped_without_artifacts_and_survives_a_corrupt_
     assert not again.compile_cache_loaded
     again.update(batches(again, 1)[0])
     assert torch.isfinite(again.critic.params).all()
+    # Nothing to rewrite it with: the corrupt file stays (and warns again next time).
+    assert cache.read_bytes() == b"not an artifact file" and not again.engine.compile_cache_saved
 
 
 _CACHE_SCRIPT = """
