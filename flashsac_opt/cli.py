@@ -184,8 +184,10 @@ algo.algo_params.compile_cache_file, or with that unset to the keyed default
 file (flashsac_opt/compile_cache.py). A later `train` with
 algo.algo_params.compile_cache_file=auto (or that path) then loads it before
 compiling. The key covers the dims and every config value that reaches the
-compiled code: train with the same overrides. Exit status 1 when torch left no
-artifacts to write (e.g. compile_backend=aot_eager), 2 when refused.
+compiled code: train with the same overrides (patch 0001 hands `train`'s learner
+learner_mode, fused_update and compile_cache_file of flashsac_opt's engine options
+only: another one set here gives a file `train` will not find). Exit status 1 when
+torch left no artifacts to write (e.g. compile_backend=aot_eager), 2 when refused.
 """
 
 
