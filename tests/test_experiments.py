@@ -378,3 +378,35 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert not crashed["completed"] and not crashed["stopped_by_time_limit"] and "ended early" in md.read_text()
     bad = run("report/summarize_trainings.py", str(REPO / "results" / "replay_sampling" / "replay_sampling_h200.json"), "--output", str(tmp_path / "x.json"))
     assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class _Ranks:
+    """A stand-in for torch.multiprocessing's spawn context: join() raises as a rank that died does."""
+
+    def __init__(self, outcome):
+        self.outcome, self.processes, self.killed = outcome, [self, self], 0
+
+    def join(self, timeout=None):
+        import torch.multiprocessing as mp
+
+        if self.outcome == "died":
+            raise mp.ProcessExitedException("process 1 terminated with signal SIGABRT", error_index=1, error_pid=1,
+                                            exit_code=-6, signal_name="SIGABRT")
+        return True
+
+    def kill(self):
+        self.killed += 1
+
+
+def test_multigpu_cell_keeps_a_measurement_whose_rank_died_in_teardown(tmp_path):
+    bench = load("bench/benchmark_multigpu.py")
+    results = tmp_path / "ranks.json"
+    # died before rank 0 wrote the results: the cell fails
+    with pytest.raises(torch.multiprocessing.ProcessExitedException):
+        bench.wait_for_ranks(_Ranks("died"), str(results), 2, 60)
+    # died after: the measurement stands, the teardown error is reported, the ranks are killed
+    results.write_text("[]")
+    ranks = _Ranks("died")
+    hung, error = bench.wait_for_ranks(ranks, str(results), 2, 60)
+    assert (hung, ranks.killed) == (False, 2) and "SIGABRT" in error
+    assert bench.wait_for_ranks(_Ranks("ok"), str(results), 2, 60) == (False, None)

@@ -118,14 +118,47 @@ def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> 
         if world > 1:
             gathered = [None] * world
             dist.all_gather_object(gathered, mine)
-        if rank == 0:
-            Path(result_path).write_text(json.dumps(gathered))
+        if rank == 0:  # written whole (rename), so a file that exists is a complete measurement
+            tmp_path = Path(result_path + ".tmp")
+            tmp_path.write_text(json.dumps(gathered))
+            os.replace(tmp_path, result_path)
         # A live graph that captured NCCL calls makes destroy_process_group hang
         # (pytorch/pytorch#115388): the first H200 x2 run lost its 2-rank cells to that.
         learner.release_graphs()
     finally:
         if world > 1:
             dist.destroy_process_group()
+
+
+def wait_for_ranks(ctx, path: str, world: int, cell_timeout: float) -> tuple[bool, str | None]:
+    """Wait for a cell's ranks; returns (teardown_hung, teardown_error).
+
+    Once rank 0 has written the results file the measurement is complete and only the process
+    group's teardown is left: a rank that then hangs past the grace period, or dies (gloo can
+    abort there when a peer's socket closes under a pending read), is killed and reported, and
+    the measurement stands. Before that, a hang or a dead rank fails the cell.
+    """
+    import torch.multiprocessing as mp
+
+    deadline = time.monotonic() + cell_timeout
+    while True:
+        try:
+            if ctx.join(timeout=5):  # raises if a rank failed
+                return False, None
+        except mp.ProcessExitedException as exc:
+            if not os.path.exists(path):
+                raise
+            for proc in ctx.processes:
+                proc.kill()
+            return False, f"{type(exc).__name__}: {exc}"
+        if os.path.exists(path):  # measured: the ranks only have to tear down now
+            deadline = min(deadline, time.monotonic() + TEARDOWN_GRACE_S)
+        if time.monotonic() > deadline:  # a hung collective must not take the other cells with it
+            for proc in ctx.processes:
+                proc.kill()
+            if not os.path.exists(path):
+                raise TimeoutError(f"{world} ranks did not finish within --cell-timeout {cell_timeout} s")
+            return True, None  # measured, then stuck tearing the process group down
 
 
 def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
@@ -137,18 +170,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
         path = os.path.join(tmp, "ranks.json")
         store = os.path.join(tmp, "rendezvous")
         ctx = mp.start_processes(_worker, args=(world, store, spec, path), nprocs=world, start_method="spawn", join=False)
-        deadline = time.monotonic() + args.cell_timeout
-        teardown_hung = False
-        while not ctx.join(timeout=5):  # raises if a rank failed
-            if os.path.exists(path):  # measured: the ranks only have to tear down now
-                deadline = min(deadline, time.monotonic() + TEARDOWN_GRACE_S)
-            if time.monotonic() > deadline:  # a hung collective must not take the other cells with it
-                for proc in ctx.processes:
-                    proc.kill()
-                if not os.path.exists(path):
-                    raise TimeoutError(f"{world} ranks did not finish within --cell-timeout {args.cell_timeout} s")
-                teardown_hung = True  # measured, then stuck tearing the process group down
-                break
+        teardown_hung, teardown_error = wait_for_ranks(ctx, path, world, args.cell_timeout)
         ranks = json.loads(Path(path).read_text())
     w = WORKLOADS[wname]
     r0 = ranks[0]
@@ -169,6 +191,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
         "sample_new_ratio_global": world * r0["rows_sampled"] / args.new_rows,
         "ranks_ms_median": [statistics.median(r["ms"]) for r in ranks],
         "teardown_hung": teardown_hung,
+        "teardown_error": teardown_error,
     }
 
 
