@@ -188,7 +188,6 @@ class Engine:
 
     def compile_cache_key(self, rows: int, schedule: Schedule | None = None) -> str:
         """The default cache file's key for a first batch of ``rows`` per update."""
-        options = inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
         return compile_cache.cache_key(
             compile_cache.environment(self.device),
             rows=rows,
@@ -196,7 +195,7 @@ class Engine:
             config=self._cache_key_inputs.get("config", {}),
             mode=self.mode,
             backend=self._backend,
-            inductor_options=options,
+            inductor_options=self._inductor_options(),
             fused_update=self._fused_option,
             data_parallel=self._reduce is not None,
             networks=sorted(self._networks),
@@ -225,11 +224,14 @@ class Engine:
         parts = ("step",) if self.fused_update else ("loss", "apply")
         return [f"{name}_{part}" for name in self._networks for part in parts]
 
+    def _inductor_options(self) -> dict[str, Any] | None:
+        """The options the compiled functions get (None for a backend other than Inductor)."""
+        return inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
+
     def _compile(self, fn: Callable) -> Callable:
         if not self.compiled:
             return fn
-        options = inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
-        return torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=options)
+        return torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=self._inductor_options())
 
     def _build(self, net: NetworkUpdate) -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held
