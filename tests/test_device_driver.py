@@ -400,4 +400,5 @@ def test_compare_takes_the_median_cold_start_over_cold_pairs(tmp_path):
     assert w1["before"]["cold_start_s_per_process"] == [50.0, 40.0, 45.0] and w1["before"]["cold_start_s"] == 45.0
     assert w1["after"]["cold_start_s"] == 44.0
     assert w1["after_vs_before"]["cold_start_s"] == pytest.approx(44.0 / 45.0)
+    assert w1["after_vs_before"]["cold_start_s_per_pair"] == pytest.approx([44.0 / 50.0, 47.0 / 40.0, 41.0 / 45.0])
     assert w1["checks"]["cold_start_not_slower"] is True

@@ -284,6 +284,9 @@ def compare(raw: Path) -> dict:
             "ms_median": _ratio(after["ms_median"], before["ms_median"]),
             "ms_p90": _ratio(after["ms_p90"], before["ms_p90"]),
             "cold_start_s": _ratio(after["cold_start_s"], before["cold_start_s"]),
+            # pair k: the two sides' k-th cold processes, run back to back (the first side alternates),
+            # so host drift between pairs cancels; the spread of these is the noise of the median ratio
+            "cold_start_s_per_pair": [_ratio(a, b) for a, b in zip(after["cold_start_s_per_process"], before["cold_start_s_per_process"])],
             "kernels_per_iteration": _ratio(after["kernels_per_iteration"], before["kernels_per_iteration"]),
         }
         ms = row["after_vs_before"]["ms_median"]
