@@ -220,12 +220,13 @@ def test_graph_mode_in_graph_sampling_is_seed_deterministic_and_matches_explicit
     again, again_replay = graph_run(replay_seed=1)
     assert torch.equal(first_replay.generator.get_state(), again_replay.generator.get_state())
     assert_same_up_to_atomic_add_order(first, again)
-    # Another replay seed, everything else the same: other rows, other parameters, far beyond
-    # that bound.
+    # Another replay seed, everything else the same: other rows, other parameters, at least two
+    # orders of magnitude beyond that bound (three iterations move the weights by ~3e-3 in all,
+    # so the bound separates "same rows" from "other rows" only if it is this much smaller).
     other, _ = graph_run(replay_seed=2)
     far = differing(first, other)
-    scale = float(first.critic.params.abs().max())
-    assert far.get(".critic.params", 0.0) > 1e3 * ATOMIC_ADD_REL_TOL * scale
+    scale = float(first.critic.params.detach().abs().max())
+    assert far.get(".critic.params", 0.0) > 1e2 * ATOMIC_ADD_REL_TOL * scale
     assert not torch.equal(first.actor.params, other.actor.params)
     # Parameter parity: the in-graph sampling drew exactly the rows an eager sample() from the
     # same generator draws (the generator advanced by the same offsets), and the learner fed
