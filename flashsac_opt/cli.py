@@ -208,10 +208,9 @@ def precompile(args: argparse.Namespace) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from flashsac_opt import compile_cache
+    from flashsac_opt import compile_ahead, compile_cache
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
-    from flashsac_opt.testing.oracle import synthetic_batch
 
     start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -231,27 +230,20 @@ def precompile(args: argparse.Namespace) -> int:
     if not learner.engine.compiled:
         print(f"refused: learner_mode={cfg.learner_mode} compiles nothing, so there is nothing to cache", file=sys.stderr)
         return 2
-    rows = cfg.batch_size * cfg.updates_per_step
-    batch = synthetic_batch(
-        rows, args.obs_dim, args.critic_obs_dim, args.action_dim, torch.Generator().manual_seed(0), device=learner.device
-    )
-    learner.update(batch)
-    if learner.device.type == "cuda":
-        torch.cuda.synchronize(learner.device)
+    report = compile_ahead.precompile(learner)
     seconds = time.perf_counter() - start
-    engine = learner.engine
-    what = f"learner_mode={cfg.learner_mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {learner.device}"
-    if engine.compile_cache_loaded:
-        print(f"already warm: loaded {engine.compile_cache_file} ({what}); nothing written; {seconds:.1f} s")
+    what = f"learner_mode={cfg.learner_mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {report['device']}"
+    if report["compile_cache_loaded"]:
+        print(f"already warm: loaded {report['compile_cache_file']} ({what}); nothing written; {seconds:.1f} s")
         return 0
-    if not engine.compile_cache_saved:
+    if not report["compile_cache_saved"]:
         print(
             f"no cache file written: torch left no cache artifacts (compile_backend={cfg.compile_backend}; "
             f"only Inductor writes them) for {what}; {seconds:.1f} s"
         )
         return 1
-    size = Path(engine.compile_cache_file).stat().st_size
-    print(f"wrote {engine.compile_cache_file} ({size} bytes; {what}) in {seconds:.1f} s")
+    size = Path(report["compile_cache_file"]).stat().st_size
+    print(f"wrote {report['compile_cache_file']} ({size} bytes; {what}) in {seconds:.1f} s")
     return 0
 
 

@@ -8,6 +8,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_compile_cache_dir(tmp_path_factory):
+    """UniLab runs default to the keyed compile-cache file (adapter.unilab_compile_cache_file):
+    keep the tests' files out of the home directory."""
+    previous = os.environ.get("FLASHSAC_OPT_CACHE_DIR")
+    os.environ["FLASHSAC_OPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("flashsac_opt_cache"))
+    yield
+    if previous is None:
+        os.environ.pop("FLASHSAC_OPT_CACHE_DIR", None)
+    else:
+        os.environ["FLASHSAC_OPT_CACHE_DIR"] = previous
+
+
 def pytest_collection_modifyitems(config, items):
     no_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

@@ -260,6 +260,9 @@ def run_env(run: Run, work: Path) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(path),
         "TORCHINDUCTOR_CACHE_DIR": str(cache),
         "TRITON_CACHE_DIR": str(cache / "triton"),
+        # flashsac_opt's keyed compile-cache files (UniLab runs use one by default): with the
+        # Inductor cache, so a cold run finds neither
+        "FLASHSAC_OPT_CACHE_DIR": str(cache / "flashsac_opt"),
         **run.env,
     }
 

@@ -11,7 +11,8 @@
 - ``update_reward_stats`` / ``reward_normalizer``, ``update_count``;
 - ``get_state_dict`` / ``load_state_dict`` in UniLab's ``model_N.pt`` layout, so stock
   UniLab's play/eval (which rebuilds its own actor) loads flashsac_opt checkpoints;
-- ``prepare_for_collection`` to compile/capture before collection starts.
+- ``prepare_for_collection`` to compile/capture before collection starts (or, while the
+  compile-ahead child still compiles, to let collection start; compile_ahead.py).
 
 Metric names are UniLab's registered tags only: UniLab's logger rejects any other name.
 """
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from flashsac_opt import compile_cache
+from flashsac_opt.compile_ahead import CompileAhead
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
@@ -35,6 +39,16 @@ RECORD_REPLAY_ENV = "FLASHSAC_OPT_RECORD_REPLAY"
 UNILAB_CYCLE_METRICS = ("Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature")
 # UniLab learner kwargs that flashsac_opt has no use for (its own compile/graph flags).
 _IGNORED = {"actor_lr", "critic_lr", "use_compile", "compile_full_objectives", "use_whole_cycle_cuda_graph", "dp_whole_cycle_cuda_graph"}
+
+
+def unilab_compile_cache_file(value: Any) -> str | None:
+    """The compile-cache file for a UniLab run: the keyed default file (compile_cache.AUTO)
+    unless the config names a path, or "off" / "none" for no file (algo_params.compile_cache_file;
+    patch 0001 passes null when the key is absent)."""
+    if value is None:
+        return compile_cache.AUTO
+    text = str(value).strip()
+    return None if text.lower() in ("off", "none", "null", "false", "") else text
 
 
 def build_unilab_learner(*, device: str | torch.device, learner_mode: str = "graph", **learner_kwargs: Any) -> "UniLabFlashSACLearner":
@@ -68,8 +82,16 @@ class UniLabFlashSACLearner:
         values = {k: v for k, v in kwargs.items() if k in known}
         if values.get("amp_dtype") is not None:
             values["amp_dtype"] = str(values["amp_dtype"])
+        values["compile_cache_file"] = unilab_compile_cache_file(values.get("compile_cache_file"))
         self.cfg = FlashSACConfig(learner_mode=learner_mode, **values)
         self.learner = FlashSACLearner(self.cfg, obs_dim, critic_obs_dim, action_dim, device=device)
+        # Compiles in a child process from here on, while UniLab builds its replay, starts the
+        # collector and collects learning_starts; the first update waits for it (compile_ahead.py).
+        self._compile_ahead = CompileAhead.start_if_useful(
+            self.cfg, {"obs_dim": obs_dim, "critic_obs_dim": critic_obs_dim, "action_dim": action_dim},
+            self.learner.device, compiled=self.learner.engine.compiled,
+        )
+        self.compile_ahead_report: dict[str, Any] | None = None
         self.device = self.learner.device
         self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
         self.actor = self.learner.actor
@@ -101,10 +123,23 @@ class UniLabFlashSACLearner:
         read_metrics: bool = False,
     ) -> None:
         del read_metrics  # metrics are always deferred to read_deferred_cycle_metrics
+        self._finish_compile_ahead()
         if self._recorder is not None:
             self._recorder.add(large_batch)
         self._set_schedule(target_frequency, policy_before_critic)
         self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+
+    def _finish_compile_ahead(self) -> None:
+        """Once, before the first compile in this process: wait for the compile-ahead child."""
+        if self._compile_ahead is None:
+            return
+        ahead, self._compile_ahead = self._compile_ahead, None
+        compiled = ahead.wait()
+        self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s,
+                                     "since_start_s": time.perf_counter() - ahead.started}
+        if compiled:
+            print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
+                  f"waited {ahead.waited_s:.1f} s for it", flush=True)
 
     def read_deferred_cycle_metrics(self) -> dict[str, float]:
         metrics = self.learner.read_metrics()
@@ -112,6 +147,7 @@ class UniLabFlashSACLearner:
 
     # ------------------------------------------------------------ per update
     def update_critic(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
+        self._finish_compile_ahead()
         self.learner.step_critic(batch)
         if not read_metrics:
             return {}
@@ -122,6 +158,7 @@ class UniLabFlashSACLearner:
         return out
 
     def update_actor(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
+        self._finish_compile_ahead()
         self.learner.step_actor(batch)
         return self.read_deferred_actor_metrics() if read_metrics else {}
 
@@ -150,9 +187,15 @@ class UniLabFlashSACLearner:
         return {"persistent_exploration_scratch": batch_size * (self.action_dim * 4 + 2 * 4)}
 
     def prepare_for_collection(self, warmup_context: Any) -> None:
-        """Compile (and in graph mode capture) before collection; training state is unchanged."""
+        """Compile (and in graph mode capture) before collection; training state is unchanged.
+        While the compile-ahead child still runs, nothing: collection starts at once and the
+        first update waits for the child, then compiles from the caches it filled."""
         if not self.learner.engine.compiled:
             return
+        if self._compile_ahead is not None and self._compile_ahead.running:
+            self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
+            return
+        self._finish_compile_ahead()
         batch = getattr(warmup_context, "replay_batch", None)
         if batch is None:
             from unilab.rl.runtime.offpolicy.warmup import build_offpolicy_warmup_batch

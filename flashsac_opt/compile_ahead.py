@@ -1,0 +1,194 @@
+"""Compile ahead: a child process compiles the learner while UniLab starts up.
+
+UniLab's runner compiles and captures the learner in ``prepare_for_collection``, before the
+collector process exists: the compile (40-150 s cold, depending on the host) and UniLab's own
+start-up (collector process, MuJoCo environments, ``learning_starts`` of random collection)
+run one after the other. ``CompileAhead`` starts a child process as soon as the learner is
+constructed. The child builds a learner with the same configuration and dimensions on the
+same device and runs one update on a synthetic batch of the same shape: that fills Inductor's
+on-disk caches (and the keyed compile-cache file, when the learner uses one). Meanwhile the
+parent returns from ``prepare_for_collection`` without compiling, so the collector starts; at
+its first update it waits for the child and compiles from the warm caches (seconds).
+
+A child, not a thread: Dynamo and Inductor's lowering are Python that would share the GIL with
+the learner serving the collector's inference requests, and a CUDA graph captured beside
+other threads' CUDA work is fragile. The child shares nothing with the parent but the cache
+directories; torch's cache keys (graph, inputs, Inductor config, versions) decide whether the
+parent's compile uses what it wrote, so a child that compiled something else costs the parent
+a cold compile, never wrong code.
+
+No process is left behind: the child is in the parent's process group (Ctrl-C reaches both),
+is stopped at the parent's interpreter exit, and ends itself within a second when its parent
+dies without one (killed).
+A child that fails or is stopped leaves one warning; the parent then compiles by itself.
+
+``FLASHSAC_OPT_COMPILE_AHEAD=0`` turns it off.
+
+    python -m flashsac_opt.compile_ahead SPEC.json    # the child (CompileAhead starts it)
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+ENV_SWITCH = "FLASHSAC_OPT_COMPILE_AHEAD"
+STOP_GRACE_S = 5.0
+DIMS = ("obs_dim", "critic_obs_dim", "action_dim")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def precompile(learner: Any) -> dict[str, Any]:
+    """Run one update of ``learner`` (a fresh FlashSACLearner) on a synthetic batch of
+    ``batch_size x updates_per_step`` rows: every compile the first real update would do, done
+    now. Returns what it did (seconds, compile-cache file and whether it was loaded or written).
+    ``flashsac-opt precompile`` and the compile-ahead child both run this."""
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    start = time.perf_counter()
+    cfg = learner.cfg
+    rows = cfg.batch_size * cfg.updates_per_step
+    batch = synthetic_batch(
+        rows, learner.obs_dim, learner.critic_obs_dim, learner.action_dim, torch.Generator().manual_seed(0), device=learner.device
+    )
+    learner.update(batch)
+    if learner.device.type == "cuda":
+        torch.cuda.synchronize(learner.device)
+    engine = learner.engine
+    return {
+        "seconds": time.perf_counter() - start,
+        "compiled": engine.compiled,
+        "device": str(learner.device),
+        "rows": rows,
+        "compile_cache_file": engine.compile_cache_file,
+        "compile_cache_loaded": engine.compile_cache_loaded,
+        "compile_cache_saved": engine.compile_cache_saved,
+    }
+
+
+def _exit_when_orphaned(parent: int, period_s: float = 1.0) -> None:
+    """In the child: a daemon thread that ends the process once its parent is gone (a killed
+    parent runs no atexit; then the child is re-parented and getppid() changes)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        print(f"compile-ahead: parent {parent} is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="compile-ahead-orphan-watch", daemon=True).start()
+
+
+class CompileAhead:
+    """One child process compiling ``cfg`` for ``dims`` on ``device`` (see the module doc)."""
+
+    def __init__(self, cfg: Any, dims: Mapping[str, int], device: str | torch.device):
+        self.device = torch.device(device)
+        self.folder = Path(tempfile.mkdtemp(prefix="flashsac_opt_compile_ahead_"))
+        self.log = self.folder / "child.log"
+        self.report_file = self.folder / "report.json"
+        spec = {
+            "config": dataclasses.asdict(cfg),
+            "dims": {k: int(dims[k]) for k in DIMS},
+            "device": str(self.device),
+            # Global settings that enter the compiled code: the child takes the parent's.
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "report": str(self.report_file),
+            "parent": os.getpid(),
+        }
+        spec_file = self.folder / "spec.json"
+        spec_file.write_text(json.dumps(spec))
+        self.started = time.perf_counter()
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "flashsac_opt.compile_ahead", str(spec_file)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        self.report: dict[str, Any] | None = None
+        self.waited_s: float | None = None
+        atexit.register(self.stop)
+
+    @classmethod
+    def start_if_useful(cls, cfg: Any, dims: Mapping[str, int], device: torch.device, *, compiled: bool) -> "CompileAhead | None":
+        """A child for a compiled learner on CUDA, unless turned off; None otherwise (eager has
+        nothing to compile, and on CPU the compile would take the cores the collector needs)."""
+        if not compiled or torch.device(device).type != "cuda" or not enabled():
+            return None
+        return cls(cfg, dims, device)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the child; True when it compiled, else one warning (the caller compiles)."""
+        start = time.perf_counter()
+        try:
+            rc = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            rc = None
+        self.waited_s = time.perf_counter() - start
+        if rc == 0 and self.report_file.is_file():
+            self.report = json.loads(self.report_file.read_text())
+            shutil.rmtree(self.folder, ignore_errors=True)  # kept only when it failed: the log says why
+            return True
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.is_file() else []
+        why = "timed out" if rc is None else f"exit status {rc}"
+        warnings.warn(
+            f"flashsac_opt compile-ahead child failed ({why}{': ' + tail[0][:200] if tail else ''}; log {self.log}); "
+            "compiling in the training process instead",
+            stacklevel=2,
+        )
+        return False
+
+    def stop(self) -> None:
+        """Stop the child if it still runs (SIGTERM, then SIGKILL after a grace period)."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.learner import FlashSACLearner
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m flashsac_opt.compile_ahead SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    _exit_when_orphaned(spec["parent"])
+    torch.set_float32_matmul_precision(spec["float32_matmul_precision"])
+    cfg, dims = FlashSACConfig(**spec["config"]), spec["dims"]
+    report = precompile(FlashSACLearner(cfg, dims["obs_dim"], dims["critic_obs_dim"], dims["action_dim"], device=spec["device"]))
+    tmp = Path(spec["report"] + ".tmp")
+    tmp.write_text(json.dumps(report))
+    os.replace(tmp, spec["report"])
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The compile-ahead child (flashsac_opt/compile_ahead.py): it compiles, its failure is one
+warning, it never outlives its parent, and the UniLab adapter lets collection start while it
+runs and waits for it at the first update.
+
+On CPU the child compiles with the aot_eager backend (the lifecycle is what is tested here;
+an Inductor compile of the learner takes minutes on two cores). That the parent's compile
+then hits the child's Inductor cache is a GPU test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashsac_opt import compile_ahead
+from flashsac_opt.compile_ahead import CompileAhead
+from flashsac_opt.config import FlashSACConfig
+
+DIMS = {"obs_dim": 6, "critic_obs_dim": 7, "action_dim": 3}
+SMALL = dict(batch_size=16, updates_per_step=2, actor_hidden_dim=16, critic_hidden_dim=16, num_atoms=11, use_amp=False)
+
+
+def small_cfg(**overrides) -> FlashSACConfig:
+    return FlashSACConfig(**{**SMALL, "learner_mode": "compile", "compile_backend": "aot_eager", **overrides})
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    status = Path(f"/proc/{pid}/status")
+    return not (status.is_file() and "\nState:\tZ" in status.read_text())
+
+
+def test_child_compiles_the_configured_shapes_and_cleans_up():
+    ahead = CompileAhead(small_cfg(), DIMS, "cpu")
+    assert ahead.wait(timeout=300)
+    assert ahead.report["compiled"] and ahead.report["rows"] == 16 * 2 and ahead.report["device"] == "cpu"
+    assert ahead.process.returncode == 0 and not ahead.folder.exists()
+
+
+def test_a_failing_child_is_one_warning_naming_its_log():
+    # graph mode needs CUDA: the child's learner refuses it, the child exits non-zero
+    ahead = CompileAhead(small_cfg(learner_mode="graph"), DIMS, "cpu")
+    with pytest.warns(UserWarning, match=r"compile-ahead child failed \(exit status 1: ValueError: learner_mode=graph needs a CUDA device"):
+        assert not ahead.wait(timeout=300)
+    assert ahead.log.is_file() and "Traceback" in ahead.log.read_text()
+
+
+def test_stop_ends_a_running_child():
+    ahead = CompileAhead(small_cfg(), DIMS, "cpu")
+    assert ahead.running
+    ahead.stop()
+    assert not ahead.running and not alive(ahead.process.pid)
+
+
+_ORPHANING_PARENT = """
+import os, signal, sys
+from flashsac_opt.compile_ahead import CompileAhead
+from flashsac_opt.config import FlashSACConfig
+cfg = FlashSACConfig(**{SMALL!r}, learner_mode="compile", compile_backend="aot_eager")
+ahead = CompileAhead(cfg, {DIMS!r}, "cpu")
+print(ahead.process.pid, ahead.folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no cleanup: only the child's watch is left
+"""
+
+
+def test_child_ends_itself_when_its_parent_is_killed():
+    done = subprocess.run([sys.executable, "-c", _ORPHANING_PARENT.format(SMALL=SMALL, DIMS=DIMS)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    pid, folder = done.stdout.split()
+    deadline = time.monotonic() + 60  # the watch looks once a second; torch's import may come first
+    while alive(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(int(pid))
+    # it was the watch, not the end of a compile: no report, and the log says why
+    assert not (Path(folder) / "report.json").exists()
+    assert "parent" in (Path(folder) / "child.log").read_text() and "is gone; exiting" in (Path(folder) / "child.log").read_text()
+
+
+def test_switch_and_devices_that_start_no_child(monkeypatch):
+    cfg = small_cfg()
+    assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cpu"), compiled=True) is None  # CPU: collector's cores
+    assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cuda", 0), compiled=False) is None  # eager
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "0")
+    assert not compile_ahead.enabled()
+    assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cuda", 0), compiled=True) is None
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "1")
+    assert compile_ahead.enabled()
+
+
+def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch):
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab import adapter
+
+    started = []
+
+    def start_on_cpu(cfg, dims, device, *, compiled):  # start_if_useful skips CPU; this test wants the child
+        started.append(CompileAhead(cfg, dims, device))
+        return started[-1]
+
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(start_on_cpu))
+    kwargs = _unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2)
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager", **kwargs)
+    (child,) = started
+    assert child.running
+
+    class Context:  # what UniLab's runner hands prepare_for_collection (no batch needed here)
+        target_frequency, policy_before_critic = 1, False
+
+    learner.prepare_for_collection(Context())
+    assert learner.learner.engine.fused_update is None  # nothing compiled in this process yet
+    batch = synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0))
+    learner.update_cycle(batch, updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    assert not child.running and learner.compile_ahead_report["ok"]
+    assert learner.compile_ahead_report["rows"] == 64
+    assert learner.learner.engine.fused_update is not None and learner.learner.iterations == 1
+    assert torch.isfinite(learner.learner.critic.params).all()
+
+
+def test_unilab_runs_use_the_keyed_compile_cache_file_unless_turned_off():
+    from flashsac_opt.compile_cache import AUTO
+    from flashsac_opt.unilab.adapter import unilab_compile_cache_file
+
+    assert unilab_compile_cache_file(None) == AUTO  # patch 0001 passes null for an absent key
+    for off in ("off", "None", "null", "false", ""):
+        assert unilab_compile_cache_file(off) is None
+    assert unilab_compile_cache_file("/data/cc.bin") == "/data/cc.bin"
+
+
+_CACHE_HIT_SCRIPT = """
+import json, sys, time, torch
+from torch._dynamo.utils import counters
+from flashsac_opt.compile_ahead import CompileAhead
+from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.learner import FlashSACLearner
+from flashsac_opt.testing.oracle import synthetic_batch
+
+cfg = FlashSACConfig(batch_size=256, updates_per_step=2, learner_mode="graph")  # W1's shapes
+ahead = CompileAhead(cfg, {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}, "cuda")
+ok = ahead.wait()
+start = time.perf_counter()
+learner = FlashSACLearner(cfg, 98, 101, 29, device="cuda")
+learner.update(synthetic_batch(512, 98, 101, 29, torch.Generator().manual_seed(0), device="cuda"))
+torch.cuda.synchronize()
+print(json.dumps({"ok": ok, "child_s": ahead.report and ahead.report["seconds"], "parent_s": time.perf_counter() - start,
+                  "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_the_training_process_compiles_from_what_the_child_compiled(tmp_path):
+    # A fresh Inductor cache for both processes: every FX graph the parent needs must come
+    # from the child (a miss would be a second cold compile of that graph).
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "inductor" / "triton")}
+    done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    print(report)  # the seconds, for the log
+    assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report
