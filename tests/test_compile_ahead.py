@@ -169,3 +169,38 @@ def test_gpu_the_training_process_compiles_from_what_the_child_compiled(tmp_path
     report = json.loads(done.stdout.strip().splitlines()[-1])
     print(report)  # the seconds, for the log
     assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report
+
+
+def test_parallel_compile_sets_inductors_workers_inside_and_restores_them():
+    from torch._inductor import config
+
+    before = config.compile_threads
+    with compile_ahead.parallel_compile(3):
+        assert config.compile_threads == 3
+    assert config.compile_threads == before
+    with compile_ahead.parallel_compile():
+        assert config.compile_threads == compile_ahead.available_cpus()
+    assert config.compile_threads == before
+
+
+def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab, monkeypatch):
+    # UniLab's thread budget sets Inductor to one compile worker below 64 CPUs; the start-up
+    # compile (before the collector exists) must not be serialized by it.
+    from torch._inductor import config
+
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.unilab import adapter
+
+    monkeypatch.setattr(config, "compile_threads", 1)  # as UniLab leaves it
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+    seen = []
+    monkeypatch.setattr(learner.learner, "update", lambda *a, **k: seen.append(config.compile_threads))
+
+    class Context:
+        target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
+        replay_batch = {"unused": torch.zeros(1)}
+
+    learner.prepare_for_collection(Context())
+    assert seen == [compile_ahead.available_cpus()] and config.compile_threads == 1

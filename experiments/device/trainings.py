@@ -12,7 +12,8 @@ with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patch
 to first update) plus an equal share of the iteration time left, so a slow run is cut, not
 lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
 --cpu-rehearsal: a tiny CPU run (16 envs, eager, the CPU-admitting patch) of the same steps.
---no-eval: no stock eval at the end (its share goes to the trainings). A run at other than
+--no-eval: no stock eval at the end (its share goes to the trainings). --throwaway: the first RUN
+only warms the host (OS file cache); its JSON stays under WORK. A run at other than
 256 envs has them in its name (training_u8_b2048_e4096_...), so it never takes the name of a
 256-env run of the same updates and batch.
 """
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
     parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
     parser.add_argument("--no-eval", action="store_true", help="skip the stock eval of the last flashsac_opt checkpoint")
+    parser.add_argument("--throwaway", action="store_true", help="the first RUN only warms the host (OS file cache): its JSON stays in WORK")
     parser.add_argument("--dry-run", action="store_true", help="print the commands with their time shares, run nothing")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.time_limit
@@ -140,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
         root = patched if r["learner"] == "flashsac_opt" else stock
         logs = args.work / f"logs_{name}"
-        cmd = training_command(r, args, root, share, logs, args.out / f"{name}.json")
+        # a throw-away first run (it warms the OS file cache) writes its JSON beside its logs
+        out = args.work if (args.throwaway and i == 0) else args.out
+        cmd = training_command(r, args, root, share, logs, out / f"{name}.json")
         if args.dry_run:
             print(f"[{name}] time limit {share} s (start-up ~{r['startup']} s): {shlex.join(cmd)}")
             planned += share + SHUTDOWN_S

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from flashsac_opt import compile_cache
-from flashsac_opt.compile_ahead import CompileAhead
+from flashsac_opt.compile_ahead import CompileAhead, parallel_compile
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
@@ -205,7 +205,7 @@ class UniLabFlashSACLearner:
             )
         self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
         iterations = self.learner.iterations
-        with self.learner.engine.preserved():
+        with self.learner.engine.preserved(), parallel_compile():  # the collector is not running yet
             self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
 
