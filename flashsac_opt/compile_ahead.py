@@ -22,7 +22,13 @@ is stopped at the parent's interpreter exit, and ends itself within a second whe
 dies without one (killed).
 A child that fails or is stopped leaves one warning; the parent then compiles by itself.
 
-``FLASHSAC_OPT_COMPILE_AHEAD=0`` turns it off.
+Off by default; ``FLASHSAC_OPT_COMPILE_AHEAD=1`` turns it on. Measured in real U64 trainings on
+the H200 (results/startup/startup_summary.json): UniLab leaves only 6-29 s between the
+learner's construction and its first update to overlap, and after waiting for the child the
+training process still compiled for long (the first update came 7 s later than without the
+child with one compile worker, and not within the runs' limits with every CPU): it did not
+take the child's compiled graphs, for a reason not yet found. Until it does, the start-up
+compile runs in ``prepare_for_collection`` on every CPU (``parallel_compile``).
 
     python -m flashsac_opt.compile_ahead SPEC.json    # the child (CompileAhead starts it)
 """
@@ -79,7 +85,7 @@ def parallel_compile(threads: int | None = None) -> Iterator[None]:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def precompile(learner: Any) -> dict[str, Any]:
@@ -154,7 +160,7 @@ class CompileAhead:
 
     @classmethod
     def start_if_useful(cls, cfg: Any, dims: Mapping[str, int], device: torch.device, *, compiled: bool) -> "CompileAhead | None":
-        """A child for a compiled learner on CUDA, unless turned off; None otherwise (eager has
+        """A child for a compiled learner on CUDA when turned on; None otherwise (eager has
         nothing to compile, and on CPU the compile would take the cores the collector needs)."""
         if not compiled or torch.device(device).type != "cuda" or not enabled():
             return None

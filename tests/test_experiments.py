@@ -410,3 +410,34 @@ def test_multigpu_cell_keeps_a_measurement_whose_rank_died_in_teardown(tmp_path)
     hung, error = bench.wait_for_ranks(ranks, str(results), 2, 60)
     assert (hung, ranks.killed) == (False, 2) and "SIGABRT" in error
     assert bench.wait_for_ranks(_Ranks("ok"), str(results), 2, 60) == (False, None)
+
+
+def test_startup_summary_reads_first_update_and_the_compile_ahead_line(tmp_path):
+    import io
+    import tarfile
+
+    training = {
+        "rows_all": [{"wall_s": 92.5}, {"wall_s": 93.1}], "iterations_logged": 2,
+        "learner_train_ms": {"median": 39.8, "p90": 40.2}, "iter_ms": {"median": 58.2},
+        "inductor_cache_at_launch": {"files": 0, "warm": False}, "environment": {"gpu": "NVIDIA H200", "torch": "2.11.0"},
+    }
+    (tmp_path / "t.json").write_text(json.dumps(training))
+    archive = tmp_path / "logs.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in {"raw/ok.log": "flashsac_opt: compile-ahead child done in 52.6 s; the first update waited 24.0 s for it\n",
+                           "raw/cut.log": "benchmark_flashsac_training: --time-limit 114 s reached: interrupting the training\n"}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "summary.json"
+    done = subprocess.run([sys.executable, str(REPO / "experiments" / "report" / "summarize_startup.py"),
+                           "--run", f"ok={tmp_path / 't.json'}:{archive}:raw/ok.log", "--run", f"cut=-:{archive}:raw/cut.log",
+                           "--output", str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["ok"]["first_update_s"] == 92.5 and runs["ok"]["learner_ms_median"] == 39.8
+    assert runs["ok"]["compile_ahead_child_s"] == 52.6 and runs["ok"]["compile_ahead_waited_s"] == 24.0
+    assert runs["ok"]["stopped_by_time_limit_s"] is None and runs["ok"]["logged_an_iteration"]
+    assert "first_update_s" not in runs["cut"] and runs["cut"]["stopped_by_time_limit_s"] == 114.0
+    assert not runs["cut"]["logged_an_iteration"] and "compile_ahead_child_s" not in runs["cut"]
