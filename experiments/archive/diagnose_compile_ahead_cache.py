@@ -1,0 +1,151 @@
+"""Does a process compile from what the compile-ahead child left in Inductor's cache?
+
+In real UniLab trainings (results/startup/startup_summary.json) the training process, after
+waiting for the child, still compiled for long: it did not reuse the child's FX graphs. This
+fills one fresh Inductor cache with the child (compile_ahead.CompileAhead), then starts fresh
+processes that each compile the same learner a different way and counts Inductor's FX-graph
+and AOTAutograd cache hits and misses:
+
+- learner: FlashSACLearner + one update on the same synthetic batch (what the child does);
+- adapter: UniLab's adapter built as patch 0001 builds it (batch_size, updates_per_step,
+  compile_cache_file auto), then the first update_cycle, as when prepare_for_collection
+  left the compile to the first update;
+- adapter_after_collection: the same after what UniLab does before the first update:
+  reward statistics folded in and the actor serving inference (actor.explore);
+- adapter_rewards_column: the first update_cycle with rewards/dones/truncated shaped
+  (rows, 1), a layout the learner boundary also accepts.
+
+A variant with misses where ``learner`` has none names what makes the graphs differ.
+
+    python experiments/archive/diagnose_compile_ahead_cache.py --device cpu --output /tmp/diag.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VARIANTS = ("learner", "adapter", "adapter_after_collection", "adapter_rewards_column")
+SIZES = dict(batch_size=64, updates_per_step=2, actor_hidden_dim=32, critic_hidden_dim=32, num_atoms=21)
+DIMS = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
+
+
+def unilab_kwargs(**sizes) -> dict:
+    """The learner kwargs UniLab's G1 FlashSAC config gives (what patch 0001 forwards)."""
+    return dict(
+        obs_dim=98, action_dim=29, critic_obs_dim=101, gamma=0.97, tau=0.01, actor_lr=3e-4, critic_lr=3e-4,
+        num_atoms=sizes["num_atoms"], obs_normalization=False, actor_num_blocks=2, critic_num_blocks=2,
+        actor_hidden_dim=sizes["actor_hidden_dim"], critic_hidden_dim=sizes["critic_hidden_dim"],
+        critic_min_v=-5.0, critic_max_v=5.0, temp_initial_value=0.01, temp_target_sigma=0.15, temp_target_entropy=None,
+        actor_bc_alpha=0.0, actor_noise_zeta_mu=2.0, actor_noise_zeta_max=16, learning_rate_init=3e-4,
+        learning_rate_peak=3e-4, learning_rate_end=1.5e-4, learning_rate_warmup_steps=0, learning_rate_decay_steps=500000,
+        normalize_reward=True, normalized_g_max=5.0, n_step=1, use_amp=True, amp_dtype="auto", use_compile=True,
+        compile_full_objectives=None, use_whole_cycle_cuda_graph=None, dp_whole_cycle_cuda_graph=False,
+        actor_normalize_parameters=True, critic_normalize_parameters=True,
+        batch_size=sizes["batch_size"], updates_per_step=sizes["updates_per_step"],
+    )
+
+
+def config(mode: str):
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.unilab.adapter import build_unilab_learner
+
+    # The child gets exactly the adapter's config, as in a real run.
+    adapter = build_unilab_learner(device="cpu", learner_mode=mode, **unilab_kwargs(**SIZES))
+    return FlashSACConfig(**{f: getattr(adapter.cfg, f) for f in adapter.cfg.__dataclass_fields__})
+
+
+def run_child(args) -> dict:
+    from flashsac_opt.compile_ahead import CompileAhead
+
+    ahead = CompileAhead(config(args.mode), DIMS, args.device)
+    ok = ahead.wait()
+    return {"ok": ok, "report": ahead.report, "log": None if ok else str(ahead.log)}
+
+
+def run_variant(args) -> dict:
+    import torch
+    from torch._dynamo.utils import counters
+
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    rows = SIZES["batch_size"] * SIZES["updates_per_step"]
+    batch = synthetic_batch(rows, DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"],
+                            torch.Generator().manual_seed(0), device=args.device)
+    start = time.perf_counter()
+    if args.variant == "learner":
+        from flashsac_opt.compile_ahead import precompile
+        from flashsac_opt.learner import FlashSACLearner
+
+        precompile(FlashSACLearner(config(args.mode), DIMS["obs_dim"], DIMS["critic_obs_dim"], DIMS["action_dim"], device=args.device))
+    else:
+        from flashsac_opt.unilab.adapter import build_unilab_learner
+
+        learner = build_unilab_learner(device=args.device, learner_mode=args.mode, **unilab_kwargs(**SIZES))
+        if args.variant == "adapter_after_collection":
+            g = torch.Generator().manual_seed(1)
+            for _ in range(8):  # learning_starts' worth of collection, 16 envs
+                learner.update_reward_stats(torch.randn(1, 16, generator=g), torch.zeros(1, 16))
+                learner.actor.explore(torch.randn(16, DIMS["obs_dim"], generator=g), dones=torch.zeros(16))
+        if args.variant == "adapter_rewards_column":
+            batch = {k: (v[:, None] if v.ndim == 1 else v) for k, v in batch.items()}
+        learner.update_cycle(batch, updates_per_step=SIZES["updates_per_step"], policy_frequency=2, target_frequency=1,
+                             policy_before_critic=False)
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "aot_autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
+        "aot_autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"],
+        "dynamo_frames_compiled": counters["stats"]["unique_graphs"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mode", default=None, help="learner_mode (default: graph on CUDA, compile on CPU)")
+    parser.add_argument("--variant", choices=("child", *VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    args.mode = args.mode or ("graph" if args.device.startswith("cuda") else "compile")
+    if args.variant:  # one process of the diagnosis
+        result = run_child(args) if args.variant == "child" else run_variant(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    root = Path(tempfile.mkdtemp(prefix="diagnose_compile_ahead_"))
+
+    def env_for(cache: Path) -> dict:
+        return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "inductor" / "triton"),
+                "FLASHSAC_OPT_CACHE_DIR": str(cache / "flashsac_opt"),
+                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    results = {}
+    for variant in ("child", *VARIANTS):
+        # every variant starts from a copy of what the child left, nothing another variant added
+        cache = root / variant
+        if variant != "child":
+            shutil.copytree(root / "child", cache)
+        done = subprocess.run([sys.executable, __file__, "--device", args.device, "--mode", args.mode, "--variant", variant],
+                              env=env_for(cache), capture_output=True, text=True)
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        results[variant] = json.loads(line[7:]) if line else {"error": done.stderr[-2000:]}
+        print(variant, results[variant], flush=True)
+    report = {"experiment": "diagnose_compile_ahead_cache", "device": args.device, "mode": args.mode, "sizes": SIZES,
+              "caches": str(root), "results": results}
+    if args.output:
+        args.output.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
