@@ -194,7 +194,6 @@ def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab
 
     from flashsac_opt.unilab import adapter
 
-    monkeypatch.setattr(config, "compile_threads", 1)  # as UniLab leaves it
     learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
                                            **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
     seen = []
@@ -204,5 +203,7 @@ def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab
         target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
         replay_batch = {"unused": torch.zeros(1)}
 
-    learner.prepare_for_collection(Context())
-    assert seen == [compile_ahead.available_cpus()] and config.compile_threads == 1
+    # config.patch, not monkeypatch: monkeypatch's undo deletes a torch config entry
+    with config.patch(compile_threads=1):  # as UniLab leaves it
+        learner.prepare_for_collection(Context())
+        assert seen == [compile_ahead.available_cpus()] and config.compile_threads == 1
