@@ -22,13 +22,14 @@ is stopped at the parent's interpreter exit, and ends itself within a second whe
 dies without one (killed).
 A child that fails or is stopped leaves one warning; the parent then compiles by itself.
 
-Off by default; ``FLASHSAC_OPT_COMPILE_AHEAD=1`` turns it on. Measured in real U64 trainings on
-the H200 (results/startup/startup_summary.json): UniLab leaves only 6-29 s between the
-learner's construction and its first update to overlap, and after waiting for the child the
-training process still compiled for long (the first update came 7 s later than without the
-child with one compile worker, and not within the runs' limits with every CPU): it did not
-take the child's compiled graphs, for a reason not yet found. Until it does, the start-up
-compile runs in ``prepare_for_collection`` on every CPU (``parallel_compile``).
+Off by default; ``FLASHSAC_OPT_COMPILE_AHEAD=1`` turns it on. In real U64 trainings on the H200
+(results/startup/startup_summary.json) UniLab left 6-29 s between the learner's construction
+and its first update to overlap, and the training process then reused none of the child's
+graphs: the child had set its matmul precision with torch.set_float32_matmul_precision, which
+also changes ``matmul.fp32_precision``, part of Inductor's FX-graph cache key. It now copies
+those settings one by one (MATMUL_SETTINGS); on CPU the parent then finds every graph
+(tests/test_compile_ahead.py). Until a UniLab run on the GPU shows a gain, the start-up compile
+runs in ``prepare_for_collection`` on every CPU (``parallel_compile``).
 
     python -m flashsac_opt.compile_ahead SPEC.json    # the child (CompileAhead starts it)
 """
@@ -129,6 +130,43 @@ def _exit_when_orphaned(parent: int, period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="compile-ahead-orphan-watch", daemon=True).start()
 
 
+# torch.backends settings that Inductor's FX-graph cache key reads (codecache.FxGraphHashDetails).
+# Copied attribute by attribute: torch.set_float32_matmul_precision("highest") would also turn
+# matmul.fp32_precision from "none" into "ieee", a different key for the same code, and the
+# parent would find none of the child's graphs.
+MATMUL_SETTINGS = (
+    ("cuda.matmul", "fp32_precision"),
+    ("cuda.matmul", "allow_fp16_reduced_precision_reduction"),
+    ("cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+    ("cudnn", "fp32_precision"),
+)
+
+
+def _backend(path: str) -> Any:
+    module = torch.backends
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def matmul_settings() -> dict[str, Any]:
+    """This process's MATMUL_SETTINGS (those this torch has)."""
+    out = {}
+    for path, name in MATMUL_SETTINGS:
+        backend = _backend(path)
+        if hasattr(backend, name):
+            out[f"{path}.{name}"] = getattr(backend, name)
+    return out
+
+
+def apply_matmul_settings(settings: Mapping[str, Any]) -> None:
+    for key, value in settings.items():
+        path, name = key.rsplit(".", 1)
+        backend = _backend(path)
+        if getattr(backend, name) != value:  # an untouched setting stays untouched
+            setattr(backend, name, value)
+
+
 class CompileAhead:
     """One child process compiling ``cfg`` for ``dims`` on ``device`` (see the module doc)."""
 
@@ -141,8 +179,8 @@ class CompileAhead:
             "config": dataclasses.asdict(cfg),
             "dims": {k: int(dims[k]) for k in DIMS},
             "device": str(self.device),
-            # Global settings that enter the compiled code: the child takes the parent's.
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            # Global settings in Inductor's FX-graph cache key: the child takes the parent's.
+            "matmul_settings": matmul_settings(),
             "report": str(self.report_file),
             "parent": os.getpid(),
         }
@@ -214,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(args[0]).read_text())
     _exit_when_orphaned(spec["parent"])
-    torch.set_float32_matmul_precision(spec["float32_matmul_precision"])
+    apply_matmul_settings(spec["matmul_settings"])
     cfg, dims = FlashSACConfig(**spec["config"]), spec["dims"]
     with parallel_compile():  # the parent's TORCHINDUCTOR_COMPILE_THREADS (UniLab's budget) is inherited
         report = precompile(FlashSACLearner(cfg, dims["obs_dim"], dims["critic_obs_dim"], dims["action_dim"], device=spec["device"]))
