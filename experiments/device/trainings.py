@@ -101,7 +101,8 @@ def training_command(r: dict, args, root: Path, share: int, log_root: Path, outp
             "--seed", str(r["seed"]), "--num-envs", str(args.envs), "--batch-size", str(args.batch), "--updates-per-step", str(r["u"]),
             "--policy-frequency", "2", "--iterations", str(args.iterations), "--summary-last", str(args.iterations // 2),
             "--learning-starts", "8", "--replay-buffer-n", "32", "--save-interval", str(min(args.iterations, 100)),
-            "--time-limit", str(share), "--log-root", str(log_root), "--output", str(output)]
+            "--time-limit", str(share), "--log-root", str(log_root), "--output", str(output),
+            *(f"--override={o}" for o in args.override)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
     parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
     parser.add_argument("--no-eval", action="store_true", help="skip the stock eval of the last flashsac_opt checkpoint")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override for every training (repeatable)")
     parser.add_argument("--throwaway", action="store_true", help="the first RUN only warms the host (OS file cache): its JSON stays in WORK")
     parser.add_argument("--dry-run", action="store_true", help="print the commands with their time shares, run nothing")
     args = parser.parse_args(argv)
