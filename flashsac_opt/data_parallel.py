@@ -86,6 +86,32 @@ class RankAverager:
         return torch.cat(parts, dim=-1)
 
 
+def check_same_config(averager: RankAverager, description: dict) -> None:
+    """Raise ValueError on every rank when the ranks' ``description`` (JSON-able: the config and
+    dims) differ; the message names the fields that differ from rank 0's."""
+    import json
+
+    text = json.dumps(description, sort_keys=True, default=repr)
+    gathered: list = [None] * averager.world_size
+    dist.all_gather_object(gathered, text, group=averager.group)
+    if all(g == text for g in gathered):
+        return
+    reference = json.loads(gathered[0])
+    differing = {}
+    for rank, other in enumerate(gathered[1:], start=1):
+        theirs = json.loads(other)
+        for section in reference:
+            for key in sorted(set(reference[section]) | set(theirs.get(section, {}))):
+                if reference[section].get(key) != theirs.get(section, {}).get(key):
+                    differing.setdefault(f"{section}.{key}", {})[rank] = theirs.get(section, {}).get(key)
+    first = {k: reference.get(k.split(".", 1)[0], {}).get(k.split(".", 1)[1]) for k in differing}
+    raise ValueError(
+        "data-parallel ranks must run the same learner configuration; differing from rank 0: "
+        + "; ".join(f"{k} (rank 0: {first[k]!r}, " + ", ".join(f"rank {r}: {v!r}" for r, v in ranks.items()) + ")"
+                    for k, ranks in sorted(differing.items()))
+    )
+
+
 def collective_bytes_per_iteration(learner, updates_per_step: int, policy_frequency: int) -> int:
     """Bytes each rank all-reduces per iteration (fp32 buckets), from the learner's layout."""
     critic = learner.critic.layout.numel + 1 + 2 * learner.critic.stats_layout.numel

@@ -130,16 +130,15 @@ class FlashSACLearner:
         self._last_schedule: Schedule | None = None
         self._single_metrics: torch.Tensor | None = None
         self.averager = None
+        self.broadcast_params = False
+        self._obs_dims = {"obs": obs_dim, "critic_obs": critic_obs_dim, "action": action_dim}
+        self.engine = self._make_engine()
         if process_group is not None and process_group is not False:
-            from flashsac_opt.data_parallel import RankAverager
+            self.enable_data_parallel(process_group)
 
-            self.averager = RankAverager(None if process_group is True else process_group)
-            # Every rank starts from rank 0's networks, whatever its seed.
-            self.averager.broadcast_(
-                [self.actor.params.data, self.actor.bn_stats, self.critic.params.data, self.critic.bn_stats,
-                 self.target_critic.params.data, self.target_critic.bn_stats, self.temperature.log_temp.data]
-            )
-        self.engine = Engine(
+    def _make_engine(self) -> Engine:
+        cfg = self.cfg
+        return Engine(
             cfg.learner_mode,
             self.device,
             updates={
@@ -154,13 +153,33 @@ class FlashSACLearner:
             reduce=self.averager.average if self.averager is not None else None,
             compile_cache_file=cfg.compile_cache_file,
             # what names the default ("auto") cache file, with what the engine adds
-            compile_cache_key={"dims": {"obs": obs_dim, "critic_obs": critic_obs_dim, "action": action_dim}, "config": asdict(cfg)},
+            compile_cache_key={"dims": dict(self._obs_dims), "config": asdict(cfg)},
         )
-        self.broadcast_params = False
-        if self.averager is not None:
-            from flashsac_opt.data_parallel import broadcasts_params
 
-            self.broadcast_params = broadcasts_params(cfg.dp_broadcast_params, self.engine.compiled, self.device)
+    def enable_data_parallel(self, process_group: "torch.distributed.ProcessGroup | bool" = True) -> None:
+        """Make this learner one rank of a data-parallel learner over ``process_group`` (True:
+        the default group), before its first update: rank 0's networks are broadcast to every
+        rank and the engine is rebuilt with the all-reduce between loss and step. The state
+        (a loaded checkpoint included) is kept. Every rank must run the same configuration:
+        a mismatch raises ValueError on every rank (one all-gather of a config digest)."""
+        from flashsac_opt.data_parallel import RankAverager, broadcasts_params, check_same_config
+
+        if self.averager is not None:
+            raise ValueError("this learner is data parallel already")
+        if self.engine.fused_update is not None:
+            raise ValueError("enable_data_parallel() must come before the first update (the update functions are built)")
+        averager = RankAverager(None if process_group is True else process_group)
+        # the compile-cache file may be a per-rank path; everything else must agree
+        config = {k: v for k, v in asdict(self.cfg).items() if k != "compile_cache_file"}
+        check_same_config(averager, {"config": config, "dims": self._obs_dims})
+        self.averager = averager
+        # Every rank starts from rank 0's networks, whatever its seed.
+        averager.broadcast_(
+            [self.actor.params.data, self.actor.bn_stats, self.critic.params.data, self.critic.bn_stats,
+             self.target_critic.params.data, self.target_critic.bn_stats, self.temperature.log_temp.data]
+        )
+        self.engine = self._make_engine()
+        self.broadcast_params = broadcasts_params(self.cfg.dp_broadcast_params, self.engine.compiled, self.device)
 
     def _state_tensors(self) -> list[torch.Tensor]:
         """Every tensor an iteration changes in place (all with fixed addresses)."""

@@ -93,6 +93,7 @@ class UniLabFlashSACLearner:
             self.learner.device, compiled=self.learner.engine.compiled,
         )
         self.compile_ahead_report: dict[str, Any] | None = None
+        self._gradient_sync: Any = None  # UniLab's, when the run is data parallel
         self.device = self.learner.device
         self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
         self.actor = self.learner.actor
@@ -210,9 +211,43 @@ class UniLabFlashSACLearner:
             self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
 
+    # ------------------------------------------------------------ data parallel (training.devices=[...])
     def set_gradient_sync(self, sync: Any) -> None:
-        if sync is not None:
-            raise NotImplementedError("flashsac_opt does not support UniLab's multi-GPU (DP) training yet")
+        """UniLab's runner hands its flat-gradient all-reduce here from its constructor, before
+        its process group exists. flashsac_opt averages with its own one-bucket all-reduce in
+        that group instead (gradient, loss, BN statistics; captured with the iteration in graph
+        mode), so the callable only marks the run as data parallel; ``dp_initial_sync`` switches
+        the learner over once the group is up. ``None`` (the runner's shutdown) releases captured
+        graphs, which hold collectives, before the group is destroyed (pytorch/pytorch#115388)."""
+        if sync is None:
+            self.learner.release_graphs()
+            self._gradient_sync = None
+            return
+        if not callable(sync):
+            raise TypeError(f"set_gradient_sync expects UniLab's gradient all-reduce (a callable) or None, got {type(sync).__name__}")
+        self._gradient_sync = sync
+        if self._compile_ahead is not None:  # it compiles the single-process update form: of no use here
+            self._compile_ahead.stop()
+            self._compile_ahead = None
+
+    def dp_initial_sync(self) -> dict[str, torch.Tensor]:
+        """Called by UniLab's runner once its process group is up, before collection: the learner
+        becomes one rank of a data-parallel learner in that group (ranks with another learner
+        configuration fail here, naming the fields), then the live tensors rank 0 broadcasts."""
+        if self._gradient_sync is None:
+            raise RuntimeError("dp_initial_sync() needs set_gradient_sync() first (UniLab's runner calls both)")
+        learner = self.learner
+        if learner.averager is None:
+            learner.enable_data_parallel(True)
+        return {
+            "actor.params": learner.actor.params.data,
+            "actor.bn_stats": learner.actor.bn_stats,
+            "critic.params": learner.critic.params.data,
+            "critic.bn_stats": learner.critic.bn_stats,
+            "target_critic.params": learner.target_critic.params.data,
+            "target_critic.bn_stats": learner.target_critic.bn_stats,
+            "temperature.log_temp": learner.temperature.log_temp.data,
+        }
 
     # ------------------------------------------------------------ checkpoints
     def get_state_dict(self) -> dict[str, Any]:

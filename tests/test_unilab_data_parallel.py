@@ -1,0 +1,123 @@
+"""UniLab's data-parallel contract through the adapter, on CPU over gloo: two ranks with
+UniLab 1.5.2's own process-group object (DpParameterSync) in the order its runner uses it:
+``set_gradient_sync`` (runner constructor), ``start`` + ``broadcast_from_rank0(dp_initial_sync())``
+(``_dp_init_broadcast``), ``prepare_for_collection``, iterations on rank-local data,
+``set_gradient_sync(None)`` and ``close`` at shutdown. The ranks' checkpoints must be equal.
+
+Not covered here: UniLab's launcher and the whole runner loop with two ranks (its
+DpParameterSync is built with NCCL by UniLab's train script; a CPU run needs a patch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_RANK = r"""
+import json, sys, torch
+from unilab.rl.runtime.distributed.sync import DpParameterSync
+from flashsac_opt.data_parallel import state_digest
+from flashsac_opt.testing.oracle import synthetic_batch
+from flashsac_opt.unilab.adapter import build_unilab_learner
+from test_unilab_integration import _unilab_kwargs
+
+rank, folder, batch_size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+torch.manual_seed(100 + rank)  # per-rank seeds, as UniLab derives them: different initial networks
+learner = build_unilab_learner(device="cpu", learner_mode="eager",
+                               **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=batch_size, updates_per_step=2))
+sync = DpParameterSync(world_size=2, rank=rank, rendezvous_path=f"{folder}/rendezvous", backend="gloo", device="cpu", timeout_s=60)
+learner.set_gradient_sync(sync.allreduce_gradients)
+seeded = state_digest(learner.learner.state_dict())
+try:
+    sync.start()
+    sync.broadcast_from_rank0(learner.dp_initial_sync())
+except ValueError as exc:
+    print("REFUSED " + str(exc), flush=True)
+    sync.close()  # as the runner's shutdown does
+    sys.exit(3)
+initial = state_digest(learner.learner.state_dict())
+
+class Context:
+    target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
+    replay_batch = None
+
+learner.prepare_for_collection(Context())
+g = torch.Generator().manual_seed(rank)  # rank-local data
+for _ in range(3):
+    learner.update_reward_stats(torch.randn(1, 8, generator=g), torch.zeros(1, 8))
+    learner.update_cycle(synthetic_batch(2 * batch_size, 98, 101, 29, g), updates_per_step=2, policy_frequency=2,
+                         target_frequency=1, policy_before_critic=False)
+metrics = learner.read_deferred_cycle_metrics()
+torch.save(learner.get_state_dict(), f"{folder}/rank{rank}.pt")
+learner.set_gradient_sync(None)
+sync.close()
+print("RESULT " + json.dumps({"seeded": seeded, "initial": initial, "digest": state_digest(learner.learner.state_dict()),
+                             "iterations": learner.learner.iterations, "metrics": metrics}), flush=True)
+"""
+
+
+def run_ranks(tmp_path: Path, batch_sizes: tuple[int, int]) -> list[subprocess.CompletedProcess]:
+    tests = Path(__file__).parent  # the ranks import test_unilab_integration's UniLab kwargs
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(rank), str(tmp_path), str(batch_sizes[rank])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in (0, 1)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def result(done: subprocess.CompletedProcess) -> dict:
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert done.returncode == 0 and line, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_two_gloo_ranks_through_unilabs_process_group_end_with_equal_checkpoints(tmp_path, require_unilab):
+    import torch
+
+    r0, r1 = (result(d) for d in run_ranks(tmp_path, (32, 32)))
+    assert r0["seeded"] != r1["seeded"]  # per-rank seeds: different networks before the broadcast
+    assert r0["initial"] == r1["initial"]  # rank 0's after it
+    assert r0["digest"] == r1["digest"] != r0["initial"]  # trained on different data, still bit-identical
+    assert r0["iterations"] == r1["iterations"] == 3
+    assert r0["metrics"] == r1["metrics"]  # averaged losses: the same on both ranks
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    for section in ("actor", "critic", "target_critic"):  # the checkpoints stock UniLab loads
+        assert a[section].keys() == b[section].keys()
+        for key in a[section]:
+            assert torch.equal(a[section][key], b[section][key]), (section, key)
+
+
+def test_ranks_with_different_batch_sizes_fail_at_start_naming_the_field(tmp_path, require_unilab):
+    for done in run_ranks(tmp_path, (32, 64)):
+        assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-3000:]
+        refused = next(ln for ln in done.stdout.splitlines() if ln.startswith("REFUSED "))
+        assert "same learner configuration" in refused and "config.batch_size (rank 0: 32, rank 1: 64)" in refused
+
+
+def test_the_data_parallel_hooks_refuse_misuse(require_unilab):
+    import torch
+
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab.adapter import build_unilab_learner
+
+    learner = build_unilab_learner(device="cpu", learner_mode="eager", **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16))
+    with pytest.raises(TypeError, match="a callable"):
+        learner.set_gradient_sync("allreduce")
+    with pytest.raises(RuntimeError, match="set_gradient_sync"):
+        learner.dp_initial_sync()
+    learner.update_cycle(synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0)), updates_per_step=2,
+                         policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    learner.set_gradient_sync(lambda params: None)
+    with pytest.raises(ValueError, match="before the first update"):
+        learner.dp_initial_sync()  # the update functions exist: too late to become data parallel
+    learner.set_gradient_sync(None)  # shutdown: nothing captured to release in eager mode, no error
