@@ -82,7 +82,10 @@ def result(done: subprocess.CompletedProcess) -> dict:
 def test_two_gloo_ranks_through_unilabs_process_group_end_with_equal_checkpoints(tmp_path, require_unilab):
     import torch
 
-    r0, r1 = (result(d) for d in run_ranks(tmp_path, (32, 32)))
+    runs = run_ranks(tmp_path, (32, 32))
+    r0, r1 = (result(d) for d in runs)
+    for rank, (done, r) in enumerate(zip(runs, (r0, r1))):  # what a real run's logs show at shutdown
+        assert f"flashsac_opt: rank {rank} state digest {r['digest']}" in done.stdout
     assert r0["seeded"] != r1["seeded"]  # per-rank seeds: different networks before the broadcast
     assert r0["initial"] == r1["initial"]  # rank 0's after it
     assert r0["digest"] == r1["digest"] != r0["initial"]  # trained on different data, still bit-identical

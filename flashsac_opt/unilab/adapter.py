@@ -222,6 +222,12 @@ class UniLabFlashSACLearner:
         if sync is None:
             self.learner.release_graphs()
             self._gradient_sync = None
+            if self.learner.averager is not None:  # the ranks' end states, comparable across the run's logs
+                import torch.distributed as dist
+
+                from flashsac_opt.data_parallel import state_digest
+
+                print(f"flashsac_opt: rank {dist.get_rank()} state digest {state_digest(self.learner.state_dict())}", flush=True)
             return
         if not callable(sync):
             raise TypeError(f"set_gradient_sync expects UniLab's gradient all-reduce (a callable) or None, got {type(sync).__name__}")
