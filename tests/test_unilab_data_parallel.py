@@ -1,4 +1,4 @@
-"""UniLab's data-parallel contract through the adapter, on CPU over gloo: two ranks with
+"""UniLab's data-parallel contract through the adapter (CPU over gloo; two GPUs over NCCL): two ranks with
 UniLab 1.5.2's own process-group object (DpParameterSync) in the order its runner uses it:
 ``set_gradient_sync`` (runner constructor), ``start`` + ``broadcast_from_rank0(dp_initial_sync())``
 (``_dp_init_broadcast``), ``prepare_for_collection``, iterations on rank-local data,
@@ -25,11 +25,15 @@ from flashsac_opt.testing.oracle import synthetic_batch
 from flashsac_opt.unilab.adapter import build_unilab_learner
 from test_unilab_integration import _unilab_kwargs
 
-rank, folder, batch_size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+rank, folder, batch_size, device = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if device == "cuda":  # one GPU per rank, as UniLab's launcher makes it
+    device, backend, mode = f"cuda:{rank}", "nccl", "graph"
+else:
+    backend, mode = "gloo", "eager"
 torch.manual_seed(100 + rank)  # per-rank seeds, as UniLab derives them: different initial networks
-learner = build_unilab_learner(device="cpu", learner_mode="eager",
+learner = build_unilab_learner(device=device, learner_mode=mode,
                                **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=batch_size, updates_per_step=2))
-sync = DpParameterSync(world_size=2, rank=rank, rendezvous_path=f"{folder}/rendezvous", backend="gloo", device="cpu", timeout_s=60)
+sync = DpParameterSync(world_size=2, rank=rank, rendezvous_path=f"{folder}/rendezvous", backend=backend, device=device, timeout_s=60)
 learner.set_gradient_sync(sync.allreduce_gradients)
 seeded = state_digest(learner.learner.state_dict())
 try:
@@ -43,13 +47,13 @@ initial = state_digest(learner.learner.state_dict())
 
 class Context:
     target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
-    replay_batch = None
+    replay_batch = synthetic_batch(2 * batch_size, 98, 101, 29, torch.Generator().manual_seed(7), device=device)
 
 learner.prepare_for_collection(Context())
 g = torch.Generator().manual_seed(rank)  # rank-local data
 for _ in range(3):
-    learner.update_reward_stats(torch.randn(1, 8, generator=g), torch.zeros(1, 8))
-    learner.update_cycle(synthetic_batch(2 * batch_size, 98, 101, 29, g), updates_per_step=2, policy_frequency=2,
+    learner.update_reward_stats(torch.randn(1, 8, generator=g).to(device), torch.zeros(1, 8, device=device))
+    learner.update_cycle(synthetic_batch(2 * batch_size, 98, 101, 29, g, device=device), updates_per_step=2, policy_frequency=2,
                          target_frequency=1, policy_before_critic=False)
 metrics = learner.read_deferred_cycle_metrics()
 torch.save(learner.get_state_dict(), f"{folder}/rank{rank}.pt")
@@ -60,10 +64,10 @@ print("RESULT " + json.dumps({"seeded": seeded, "initial": initial, "digest": st
 """
 
 
-def run_ranks(tmp_path: Path, batch_sizes: tuple[int, int]) -> list[subprocess.CompletedProcess]:
+def run_ranks(tmp_path: Path, batch_sizes: tuple[int, int], device: str = "cpu") -> list[subprocess.CompletedProcess]:
     tests = Path(__file__).parent  # the ranks import test_unilab_integration's UniLab kwargs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(rank), str(tmp_path), str(batch_sizes[rank])],
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(rank), str(tmp_path), str(batch_sizes[rank]), device],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for rank in (0, 1)]
     out = []
@@ -79,10 +83,20 @@ def result(done: subprocess.CompletedProcess) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def test_two_gloo_ranks_through_unilabs_process_group_end_with_equal_checkpoints(tmp_path, require_unilab):
+def two_gpus() -> bool:
     import torch
 
-    runs = run_ranks(tmp_path, (32, 32))
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_two_ranks_through_unilabs_process_group_end_with_equal_checkpoints(tmp_path, require_unilab, device):
+    """cpu: gloo, eager. cuda: NCCL, graph mode (the all-reduce captured with the iteration)."""
+    import torch
+
+    if device == "cuda" and not two_gpus():
+        pytest.skip("needs two CUDA devices")
+    runs = run_ranks(tmp_path, (32, 32), device)
     r0, r1 = (result(d) for d in runs)
     for rank, (done, r) in enumerate(zip(runs, (r0, r1))):  # what a real run's logs show at shutdown
         assert f"flashsac_opt: rank {rank} state digest {r['digest']}" in done.stdout
@@ -91,7 +105,7 @@ def test_two_gloo_ranks_through_unilabs_process_group_end_with_equal_checkpoints
     assert r0["digest"] == r1["digest"] != r0["initial"]  # trained on different data, still bit-identical
     assert r0["iterations"] == r1["iterations"] == 3
     assert r0["metrics"] == r1["metrics"]  # averaged losses: the same on both ranks
-    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True, map_location="cpu") for r in (0, 1))
     for section in ("actor", "critic", "target_critic"):  # the checkpoints stock UniLab loads
         assert a[section].keys() == b[section].keys()
         for key in a[section]:
