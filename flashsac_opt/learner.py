@@ -161,7 +161,7 @@ class FlashSACLearner:
         the default group), before its first update: rank 0's networks are broadcast to every
         rank and the engine is rebuilt with the all-reduce between loss and step. The state
         (a loaded checkpoint included) is kept. Every rank must run the same configuration:
-        a mismatch raises ValueError on every rank (one all-gather of a config digest)."""
+        a mismatch raises ValueError on every rank (one all-gather of the config as JSON)."""
         from flashsac_opt.data_parallel import RankAverager, broadcasts_params, check_same_config
 
         if self.averager is not None:
