@@ -181,8 +181,8 @@ a key the config lacks takes Hydra's '+'), builds flashsac_opt's learner for the
 given dims, runs one iteration on a synthetic batch (compile, and in graph mode
 capture) and writes torch.compile's cache artifacts to
 algo.algo_params.compile_cache_file, or with that unset to the keyed default
-file (flashsac_opt/compile_cache.py). A later `train` with
-algo.algo_params.compile_cache_file=auto (or that path) then loads it before
+file (flashsac_opt/compile_cache.py; refused when it is "off"). A later `train`
+with the same setting (the keyed default when unset) then loads it before
 compiling. The key covers the dims and every config value that reaches the
 compiled code: train with the same overrides (patch 0001 hands `train`'s learner
 learner_mode, fused_update and compile_cache_file of flashsac_opt's engine options
@@ -208,9 +208,10 @@ def precompile(args: argparse.Namespace) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from flashsac_opt import compile_ahead, compile_cache
+    from flashsac_opt import compile_ahead
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.unilab.adapter import unilab_compile_cache_file
 
     start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -219,10 +220,13 @@ def precompile(args: argparse.Namespace) -> int:
         with initialize_config_dir(config_dir=str(config.resolve().parent), version_base=None):
             composed = compose(config.stem, overrides=list(args.overrides))
         params = composed.get("algo", {}).get("algo_params", {}) or {}
-        # What patch 0001 passes when the config has no such key: graph mode, no cache file.
+        # What patch 0001 passes when the config has no such key: graph mode; the adapter then
+        # resolves the cache file (the keyed default unless a path or "off" is configured).
         mode = params.get("learner_mode") or "graph"
         cfg = FlashSACConfig.from_unilab(composed, learner_mode=mode)
-        cfg = cfg.replace(compile_cache_file=cfg.compile_cache_file or compile_cache.AUTO)
+        cfg = cfg.replace(compile_cache_file=unilab_compile_cache_file(cfg.compile_cache_file))
+        if cfg.compile_cache_file is None:
+            raise ValueError("algo.algo_params.compile_cache_file is off: there is no file to write")
         learner = FlashSACLearner(cfg, args.obs_dim, args.critic_obs_dim, args.action_dim, device=device)
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as exc:
         print(f"refused: {_one_line(exc)}", file=sys.stderr)

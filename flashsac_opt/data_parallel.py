@@ -87,8 +87,8 @@ class RankAverager:
 
 
 def check_same_config(averager: RankAverager, description: dict) -> None:
-    """Raise ValueError on every rank when the ranks' ``description`` (JSON-able: the config and
-    dims) differ; the message names the fields that differ from rank 0's."""
+    """Raise ValueError on every rank when the ranks' ``description`` ({section: {field: value}},
+    JSON-able: the config and dims) differ; the message names the fields that differ from rank 0's."""
     import json
 
     text = json.dumps(description, sort_keys=True, default=repr)
@@ -96,19 +96,21 @@ def check_same_config(averager: RankAverager, description: dict) -> None:
     dist.all_gather_object(gathered, text, group=averager.group)
     if all(g == text for g in gathered):
         return
-    reference = json.loads(gathered[0])
-    differing = {}
+
+    def fields(json_text: str) -> dict:
+        return {f"{section}.{key}": value for section, values in json.loads(json_text).items() for key, value in values.items()}
+
+    reference = fields(gathered[0])
+    differing: dict[str, dict[int, object]] = {}
     for rank, other in enumerate(gathered[1:], start=1):
-        theirs = json.loads(other)
-        for section in reference:
-            for key in sorted(set(reference[section]) | set(theirs.get(section, {}))):
-                if reference[section].get(key) != theirs.get(section, {}).get(key):
-                    differing.setdefault(f"{section}.{key}", {})[rank] = theirs.get(section, {}).get(key)
-    first = {k: reference.get(k.split(".", 1)[0], {}).get(k.split(".", 1)[1]) for k in differing}
+        theirs = fields(other)
+        for key in sorted(reference.keys() | theirs.keys()):
+            if reference.get(key) != theirs.get(key):
+                differing.setdefault(key, {})[rank] = theirs.get(key)
     raise ValueError(
         "data-parallel ranks must run the same learner configuration; differing from rank 0: "
-        + "; ".join(f"{k} (rank 0: {first[k]!r}, " + ", ".join(f"rank {r}: {v!r}" for r, v in ranks.items()) + ")"
-                    for k, ranks in sorted(differing.items()))
+        + "; ".join(f"{key} (rank 0: {reference.get(key)!r}, " + ", ".join(f"rank {r}: {v!r}" for r, v in ranks.items()) + ")"
+                    for key, ranks in sorted(differing.items()))
     )
 
 

@@ -156,3 +156,6 @@ def test_precompile_refuses_eager_and_an_unknown_key(capsys):
     assert "compiles nothing" in capsys.readouterr().err
     assert cli.main(["precompile", "algo.no_such_key=1", "--device", "cpu"]) == 2
     assert capsys.readouterr().err.startswith("refused:")
+    # off is train's "no file" (adapter.unilab_compile_cache_file): nothing to write, said so
+    assert cli.main(["precompile", "+algo.algo_params.compile_cache_file=off", "--device", "cpu"]) == 2
+    assert "compile_cache_file is off" in capsys.readouterr().err

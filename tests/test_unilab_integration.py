@@ -14,6 +14,7 @@ import torch
 
 from flashsac_opt.unilab import patch as unilab_patch
 from flashsac_opt.cli import main as cli_main
+from flashsac_opt.testing.oracle import unilab_learner_kwargs
 
 from unilab_tree import add_g1_placeholders, copy_unilab
 
@@ -117,19 +118,7 @@ def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
 
 
 # ------------------------------------------------------------------ adapter
-def _unilab_kwargs(**overrides):
-    kwargs = dict(
-        obs_dim=98, action_dim=29, critic_obs_dim=101, gamma=0.97, tau=0.05, actor_lr=3e-4, critic_lr=3e-4,
-        actor_hidden_dim=32, critic_hidden_dim=64, num_atoms=101, obs_normalization=False, actor_num_blocks=2,
-        critic_num_blocks=2, critic_min_v=-5.0, critic_max_v=5.0, temp_initial_value=0.01, temp_target_sigma=0.15,
-        temp_target_entropy=None, actor_bc_alpha=0.0, actor_noise_zeta_mu=2.0, actor_noise_zeta_max=16,
-        learning_rate_init=3e-4, learning_rate_peak=3e-4, learning_rate_end=1.5e-4, learning_rate_warmup_steps=0,
-        learning_rate_decay_steps=500000, normalize_reward=True, normalized_g_max=5.0, n_step=1, use_amp=True,
-        amp_dtype="auto", use_compile=True, compile_full_objectives=None, use_whole_cycle_cuda_graph=None,
-        dp_whole_cycle_cuda_graph=False, actor_normalize_parameters=True, critic_normalize_parameters=True,
-    )
-    kwargs.update(overrides)
-    return kwargs
+_unilab_kwargs = unilab_learner_kwargs  # the other adapter tests import it from here
 
 
 def test_adapter_serves_the_runner_surface_and_stock_unilab_loads_its_checkpoint(require_unilab, tmp_path):

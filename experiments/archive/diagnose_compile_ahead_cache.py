@@ -32,35 +32,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from flashsac_opt.testing.oracle import G1_DIMS as DIMS, unilab_learner_kwargs
+
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ("learner", "adapter", "adapter_after_collection", "adapter_rewards_column")
 SIZES = dict(batch_size=64, updates_per_step=2, actor_hidden_dim=32, critic_hidden_dim=32, num_atoms=21)
-DIMS = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
 
 
 def unilab_kwargs(**sizes) -> dict:
-    """The learner kwargs UniLab's G1 FlashSAC config gives (what patch 0001 forwards)."""
-    return dict(
-        obs_dim=98, action_dim=29, critic_obs_dim=101, gamma=0.97, tau=0.01, actor_lr=3e-4, critic_lr=3e-4,
-        num_atoms=sizes["num_atoms"], obs_normalization=False, actor_num_blocks=2, critic_num_blocks=2,
-        actor_hidden_dim=sizes["actor_hidden_dim"], critic_hidden_dim=sizes["critic_hidden_dim"],
-        critic_min_v=-5.0, critic_max_v=5.0, temp_initial_value=0.01, temp_target_sigma=0.15, temp_target_entropy=None,
-        actor_bc_alpha=0.0, actor_noise_zeta_mu=2.0, actor_noise_zeta_max=16, learning_rate_init=3e-4,
-        learning_rate_peak=3e-4, learning_rate_end=1.5e-4, learning_rate_warmup_steps=0, learning_rate_decay_steps=500000,
-        normalize_reward=True, normalized_g_max=5.0, n_step=1, use_amp=True, amp_dtype="auto", use_compile=True,
-        compile_full_objectives=None, use_whole_cycle_cuda_graph=None, dp_whole_cycle_cuda_graph=False,
-        actor_normalize_parameters=True, critic_normalize_parameters=True,
-        batch_size=sizes["batch_size"], updates_per_step=sizes["updates_per_step"],
-    )
+    """UniLab's learner kwargs (what patch 0001 forwards), G1's tau, these networks and batch."""
+    return unilab_learner_kwargs(tau=0.01, **sizes)
 
 
 def config(mode: str):
-    from flashsac_opt.config import FlashSACConfig
+    """The adapter's config, which the compile-ahead child gets in a real run."""
     from flashsac_opt.unilab.adapter import build_unilab_learner
 
-    # The child gets exactly the adapter's config, as in a real run.
-    adapter = build_unilab_learner(device="cpu", learner_mode=mode, **unilab_kwargs(**SIZES))
-    return FlashSACConfig(**{f: getattr(adapter.cfg, f) for f in adapter.cfg.__dataclass_fields__})
+    return build_unilab_learner(device="cpu", learner_mode=mode, **unilab_kwargs(**SIZES)).cfg
 
 
 def run_child(args) -> dict:

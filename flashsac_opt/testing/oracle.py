@@ -70,6 +70,24 @@ def unilab_learner(cfg: FlashSACConfig, obs_dim: int, critic_obs_dim: int, actio
     )
 
 
+def unilab_learner_kwargs(**overrides: Any) -> dict[str, Any]:
+    """The keyword arguments UniLab 1.5.2's runner gives its FlashSAC learner (what patch 0001
+    forwards to flashsac_opt's adapter), G1's dims, small networks (32 / 64 hidden) for CPU
+    tests; ``overrides`` replace or add entries."""
+    kwargs = dict(
+        obs_dim=98, action_dim=29, critic_obs_dim=101, gamma=0.97, tau=0.05, actor_lr=3e-4, critic_lr=3e-4,
+        actor_hidden_dim=32, critic_hidden_dim=64, num_atoms=101, obs_normalization=False, actor_num_blocks=2,
+        critic_num_blocks=2, critic_min_v=-5.0, critic_max_v=5.0, temp_initial_value=0.01, temp_target_sigma=0.15,
+        temp_target_entropy=None, actor_bc_alpha=0.0, actor_noise_zeta_mu=2.0, actor_noise_zeta_max=16,
+        learning_rate_init=3e-4, learning_rate_peak=3e-4, learning_rate_end=1.5e-4, learning_rate_warmup_steps=0,
+        learning_rate_decay_steps=500000, normalize_reward=True, normalized_g_max=5.0, n_step=1, use_amp=True,
+        amp_dtype="auto", use_compile=True, compile_full_objectives=None, use_whole_cycle_cuda_graph=None,
+        dp_whole_cycle_cuda_graph=False, actor_normalize_parameters=True, critic_normalize_parameters=True,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
 def unilab_iteration(learner: Any, large_batch: dict[str, torch.Tensor], cfg: FlashSACConfig) -> list[dict[str, float]]:
     """One iteration as UniLab's runner drives its per-update path; returns per-update metrics."""
     u_count, pf = cfg.updates_per_step, cfg.policy_frequency
