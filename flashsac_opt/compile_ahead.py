@@ -186,7 +186,6 @@ class CompileAhead:
         }
         spec_file = self.folder / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        self.started = time.perf_counter()
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "flashsac_opt.compile_ahead", str(spec_file)],

@@ -131,7 +131,7 @@ class FlashSACLearner:
         self._single_metrics: torch.Tensor | None = None
         self.averager = None
         self.broadcast_params = False
-        self._obs_dims = {"obs": obs_dim, "critic_obs": critic_obs_dim, "action": action_dim}
+        self._dims = {"obs": obs_dim, "critic_obs": critic_obs_dim, "action": action_dim}
         self.engine = self._make_engine()
         if process_group is not None and process_group is not False:
             self.enable_data_parallel(process_group)
@@ -153,7 +153,7 @@ class FlashSACLearner:
             reduce=self.averager.average if self.averager is not None else None,
             compile_cache_file=cfg.compile_cache_file,
             # what names the default ("auto") cache file, with what the engine adds
-            compile_cache_key={"dims": dict(self._obs_dims), "config": asdict(cfg)},
+            compile_cache_key={"dims": dict(self._dims), "config": asdict(cfg)},
         )
 
     def enable_data_parallel(self, process_group: "torch.distributed.ProcessGroup | bool" = True) -> None:
@@ -171,7 +171,7 @@ class FlashSACLearner:
         averager = RankAverager(None if process_group is True else process_group)
         # the compile-cache file may be a per-rank path; everything else must agree
         config = {k: v for k, v in asdict(self.cfg).items() if k != "compile_cache_file"}
-        check_same_config(averager, {"config": config, "dims": self._obs_dims})
+        check_same_config(averager, {"config": config, "dims": self._dims})
         self.averager = averager
         # Every rank starts from rank 0's networks, whatever its seed.
         averager.broadcast_(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +136,7 @@ class UniLabFlashSACLearner:
             return
         ahead, self._compile_ahead = self._compile_ahead, None
         compiled = ahead.wait()
-        self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s,
-                                     "since_start_s": time.perf_counter() - ahead.started}
+        self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s}
         if compiled:
             print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
                   f"waited {ahead.waited_s:.1f} s for it", flush=True)
