@@ -17,7 +17,10 @@ reads the run's TensorBoard events and writes JSON:
 `--time-limit SECONDS` interrupts the training as Ctrl-C would (UniLab shuts down cleanly and
 keeps its events) and summarizes the iterations logged so far, at most their second half
 (`stopped_by_time_limit`, `iterations_logged` in the JSON); `--save-interval N` checkpoints
-every N iterations so a stopped run still leaves one.
+every N iterations so a stopped run still leaves one. `--stop-at-reward R` interrupts it the
+same way once the 20-iteration moving mean of Train/mean_reward reaches R (time to reward needs
+nothing after that; `stopped_at_reward` in the JSON): the events are polled every few seconds,
+so it runs on a few iterations past the crossing.
 
 `--learner flashsac_opt` needs a patched UniLab (`flashsac-opt unilab apply [--root PATH]`).
 `--compile` (default) runs each learner's best mode (UniLab: its default whole-cycle graph;
@@ -38,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import percentile, run_environment
+from common import REWARD_WINDOW, moving_mean, percentile, run_environment
 
 REPO = Path(__file__).resolve().parents[1]
 # UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
@@ -107,26 +110,67 @@ def inductor_cache_at_launch() -> dict:
     return {"dir": str(directory), "files": files, "warm": files > 0}
 
 
-def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None) -> tuple[int, bool]:
-    """Run UniLab's train; past time_limit, interrupt it as Ctrl-C would. -> (exit status, stopped)."""
+class RewardWatch:
+    """Reads a training's TensorBoard events as they are written and says whether the moving
+    mean of Train/mean_reward has reached a threshold. UniLab's writer appends each event to
+    the file as it logs it, so the events lag the training by a few iterations at most."""
+
+    TAG = "Train/mean_reward"
+
+    def __init__(self, log_root: Path, threshold: float, window: int = REWARD_WINDOW):
+        self.log_root, self.threshold, self.window = log_root, threshold, window
+        self.events = None  # one accumulator: each Reload reads only what was appended since the last
+
+    def reached(self) -> bool:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        if self.events is None:
+            found = sorted(self.log_root.glob("*/*/events.out.tfevents.*"))
+            if not found:
+                return False  # UniLab has not made its run directory yet
+            self.events = EventAccumulator(str(found[-1].parent), size_guidance={"scalars": 0})
+        self.events.Reload()
+        if self.TAG not in self.events.Tags()["scalars"]:
+            return False
+        rewards = [e.value for e in sorted(self.events.Scalars(self.TAG), key=lambda e: e.step)]
+        means = moving_mean(rewards[-self.window:], self.window)
+        return bool(means) and means[-1] >= self.threshold
+
+
+def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None,
+                 watch: RewardWatch | None = None, poll_s: float = 5.0) -> tuple[int, str | None]:
+    """Run UniLab's train; past time_limit, or once ``watch`` sees its reward, interrupt it as
+    Ctrl-C would. -> (exit status, None or why it was stopped: "time_limit" or "reward")."""
     # Own process group: the interrupt reaches UniLab's collector processes too, as a
     # terminal's Ctrl-C does, and UniLab's cooperative shutdown closes its event writers.
     proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
-    try:
-        return proc.wait(timeout=time_limit), False
-    except subprocess.TimeoutExpired:
-        pass
-    print(f"benchmark_flashsac_training: --time-limit {time_limit:g} s reached: interrupting the training", file=sys.stderr, flush=True)
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    while True:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        wait = left if watch is None else poll_s if left is None else min(poll_s, left)
+        try:
+            return proc.wait(timeout=wait), None
+        except subprocess.TimeoutExpired:
+            pass
+        if deadline is not None and time.monotonic() >= deadline:
+            reason = "time_limit"
+            print(f"benchmark_flashsac_training: --time-limit {time_limit:g} s reached: interrupting the training", file=sys.stderr, flush=True)
+            break
+        if watch is not None and watch.reached():
+            reason = "reward"
+            print(f"benchmark_flashsac_training: the {watch.window}-iteration mean of {watch.TAG} reached {watch.threshold:g}:"
+                  " interrupting the training", file=sys.stderr, flush=True)
+            break
     for sig, grace in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
         try:
-            return proc.wait(timeout=grace), True
+            return proc.wait(timeout=grace), reason
         except subprocess.TimeoutExpired:
             continue
-    return proc.wait(), True
+    return proc.wait(), reason
 
 
 def read_rows(run_dir: Path, launched: float | None = None) -> list[dict]:
@@ -192,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-interval", type=int, help="checkpoint every N iterations (default: once, at the end)")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="stop the training after this long (Ctrl-C semantics, as UniLab handles it) and summarize what it logged")
+    parser.add_argument("--stop-at-reward", type=float, metavar="R",
+                        help=f"interrupt the training once the {REWARD_WINDOW}-iteration moving mean of Train/mean_reward reaches R")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.time_limit is not None and args.time_limit <= 0:
@@ -238,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     # cwd: Hydra writes train_flashsac.log into the working directory; keep it with the run.
     cache = inductor_cache_at_launch()
     launched = time.time()
-    returncode, stopped = run_training(command, env, log_root, args.time_limit)
+    watch = None if args.stop_at_reward is None else RewardWatch(log_root, args.stop_at_reward)
+    returncode, stop_reason = run_training(command, env, log_root, args.time_limit, watch)
+    stopped = stop_reason == "time_limit"
     runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
-    if (returncode != 0 and not stopped) or not runs:
+    if (returncode != 0 and stop_reason is None) or not runs:
         fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {returncode})")
     run_dir = runs[-1].parent
     rows_all = read_rows(run_dir, launched)
@@ -260,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     # early (UniLab exits 0 after some learner-side failures): its JSON says so and the
     # script fails, so that a crash is never summarized as a finished run.
     last_iteration = rows_all[-1].get("iteration", len(rows_all))
-    completed = stopped or last_iteration >= args.iterations
+    completed = stop_reason is not None or last_iteration >= args.iterations
     u, pf = args.updates_per_step, args.policy_frequency
     actor_updates = len(range(0, u, pf))
     result = {
@@ -287,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         # A run the time limit stopped is summarized over the iterations it logged.
         "time_limit_s": args.time_limit,
         "stopped_by_time_limit": stopped,
+        "stop_at_reward": args.stop_at_reward,
+        "stopped_at_reward": stop_reason == "reward",
         "iterations_logged": len(rows_all),
         "completed": completed,
         "unilab_exit_status": returncode,

@@ -16,6 +16,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+# Time to reward's window: a threshold counts as reached when the mean of Train/mean_reward over
+# this many consecutive logged iterations reaches it (time_to_reward.py, and the training's stop
+# at a reward in benchmark_flashsac_training.py).
+REWARD_WINDOW = 20
+
+
+def moving_mean(values: list[float], window: int = REWARD_WINDOW) -> list[float]:
+    """The mean of each full window of ``window`` consecutive values (len(values) - window + 1
+    of them; none for a shorter series): entry k ends at values[k + window - 1]."""
+    import numpy as np
+
+    if len(values) < window:
+        return []
+    sums = np.cumsum(np.concatenate([[0.0], np.asarray(values, dtype=float)]))
+    return ((sums[window:] - sums[:-window]) / window).tolist()
+
+
 def run_environment(device: str, packages: tuple[str, ...] = ()) -> dict:
     """Where and when a result was measured (stored in every experiment's JSON), with the
     installed versions of ``packages`` (None: not installed)."""

@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
-from common import percentile, write_report  # noqa: E402
+from common import REWARD_WINDOW, moving_mean, percentile, write_report  # noqa: E402
 from report import plotting  # noqa: E402
 from report.plot_time_reward import TAG, band  # noqa: E402
 from report.summarize_trainings import summarize_run  # noqa: E402
 
-WINDOW = 20  # iterations in the moving mean of Train/mean_reward
+WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
 GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs")
@@ -53,15 +53,6 @@ TOML_END = "# time_to_reward.py plan --toml: end"
 
 
 # ---- summarize -------------------------------------------------------------------------------
-
-def moving_mean(values: list[float], window: int = WINDOW) -> list[float]:
-    """The mean of each full window of ``window`` consecutive values (len(values) - window + 1
-    of them; none for a shorter series): entry k ends at values[k + window - 1]."""
-    if len(values) < window:
-        return []
-    sums = np.cumsum(np.concatenate([[0.0], np.asarray(values, dtype=float)]))
-    return ((sums[window:] - sums[:-window]) / window).tolist()
-
 
 def first_crossing(rows: list[dict], threshold: float, window: int = WINDOW) -> dict | None:
     """The first logged iteration whose moving mean over the ``window`` rows ending there

@@ -2,8 +2,10 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -441,3 +443,43 @@ def test_startup_summary_reads_first_update_and_the_compile_ahead_line(tmp_path)
     assert runs["ok"]["stopped_by_time_limit_s"] is None and runs["ok"]["logged_an_iteration"]
     assert "first_update_s" not in runs["cut"] and runs["cut"]["stopped_by_time_limit_s"] == 114.0
     assert not runs["cut"]["logged_an_iteration"] and "compile_ahead_child_s" not in runs["cut"]
+
+
+# A stand-in for UniLab's train: logs Train/mean_reward (a ramp of 1 per iteration) through
+# torch's SummaryWriter, as UniLab's logger does, then waits to be interrupted like Ctrl-C.
+FAKE_TRAIN = """
+import sys, time
+from torch.utils.tensorboard import SummaryWriter
+writer = SummaryWriter(log_dir=sys.argv[1])
+try:
+    for it in range(int(sys.argv[2])):
+        writer.add_scalar("Train/mean_reward", float(it), it)
+        time.sleep(0.01)
+    time.sleep(120)
+except KeyboardInterrupt:
+    writer.close()
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("ramp, expect", [(200, "reward"), (20, "time_limit")])
+def test_training_benchmark_stops_once_the_moving_mean_reward_reaches_the_threshold(tmp_path, monkeypatch, ramp, expect):
+    """--stop-at-reward: the watch reads the events while they are written and interrupts the
+    training (SIGINT to its process group) once the 20-iteration mean reaches the threshold; a
+    run whose reward never gets there is stopped by its time limit instead."""
+    pytest.importorskip("tensorboard")
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))  # its `common`, as when run as a script
+    bench = load("benchmark_flashsac_training.py")
+    watch = bench.RewardWatch(tmp_path, threshold=50.0)
+    assert not watch.reached()  # no run directory yet
+    run_dir = tmp_path / "g1" / "run0"
+    started = time.monotonic()
+    rc, reason = bench.run_training([sys.executable, "-c", FAKE_TRAIN, str(run_dir), str(ramp)], dict(os.environ),
+                                    tmp_path, time_limit=60.0 if expect == "reward" else 8.0, watch=watch, poll_s=0.2)
+    assert reason == expect and rc == 3  # interrupted as Ctrl-C would, and the writer closed
+    elapsed = time.monotonic() - started
+    if expect == "reward":
+        assert elapsed < 30
+        assert watch.reached()  # mean of 41..60 >= 50: the crossing is in the events
+    else:
+        assert elapsed >= 8 and not watch.reached()  # 0..19 never average 50

@@ -12,7 +12,8 @@ with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patch
 to first update) plus an equal share of the iteration time left, so a slow run is cut, not
 lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
 --cpu-rehearsal: a tiny CPU run (16 envs, eager, the CPU-admitting patch) of the same steps.
---no-eval: no stock eval at the end (its share goes to the trainings). --throwaway: the first RUN
+--no-eval: no stock eval at the end (its share goes to the trainings). --stop-at-reward R: each
+training stops once its 20-iteration mean reward reaches R (time to reward needs no more). --throwaway: the first RUN
 only warms the host (OS file cache); its JSON stays under WORK. A run at other than
 256 envs has them in its name (training_u8_b2048_e4096_...), so it never takes the name of a
 256-env run of the same updates and batch.
@@ -102,6 +103,7 @@ def training_command(r: dict, args, root: Path, share: int, log_root: Path, outp
             "--policy-frequency", "2", "--iterations", str(args.iterations), "--summary-last", str(args.iterations // 2),
             "--learning-starts", "8", "--replay-buffer-n", "32", "--save-interval", str(min(args.iterations, 100)),
             "--time-limit", str(share), "--log-root", str(log_root), "--output", str(output),
+            *(["--stop-at-reward", f"{args.stop_at_reward:g}"] if args.stop_at_reward is not None else []),
             *(f"--override={o}" for o in args.override)]
 
 
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
     parser.add_argument("--no-eval", action="store_true", help="skip the stock eval of the last flashsac_opt checkpoint")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override for every training (repeatable)")
+    parser.add_argument("--stop-at-reward", type=float, metavar="R", help="stop each training once its 20-iteration mean reward reaches R")
     parser.add_argument("--throwaway", action="store_true", help="the first RUN only warms the host (OS file cache): its JSON stays in WORK")
     parser.add_argument("--dry-run", action="store_true", help="print the commands with their time shares, run nothing")
     args = parser.parse_args(argv)
