@@ -56,12 +56,15 @@ TOML_END = "# time_to_reward.py plan --toml: end"
 
 def first_crossing(rows: list[dict], threshold: float, window: int = WINDOW) -> dict | None:
     """The first logged iteration whose moving mean over the ``window`` rows ending there
-    reaches ``threshold``: {iteration, seconds from launch, the moving mean}; None if none does."""
+    reaches ``threshold``: {iteration, seconds from launch, seconds after the first logged
+    iteration, the moving mean}; None if none does."""
     means = moving_mean([r["reward"] for r in rows], window)
     for k, m in enumerate(means):
         if m >= threshold:
             row = rows[k + window - 1]
-            return {"iteration": row.get("iteration"), "seconds": row["wall_s"], "moving_mean": m}
+            # after the first update: the learning part alone, whatever the start-up cost
+            return {"iteration": row.get("iteration"), "seconds": row["wall_s"],
+                    "seconds_after_first_update": row["wall_s"] - rows[0]["wall_s"], "moving_mean": m}
     return None
 
 
@@ -87,6 +90,7 @@ def summarize_file(path: Path, last: int) -> dict:
     return {
         **{k: base[k] for k in ("file", *GROUP_KEY, "seed", "iterations_planned", "iterations_logged",
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
+        "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],
         "rows_with_wall_s": len(rows),
         "wall_s_last": rows[-1]["wall_s"] if rows else None,
@@ -137,6 +141,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
                 "learner_ms": stat(lambda r: (r["learner_ms"] or {}).get("median")),
                 "iteration_ms": stat(lambda r: (r["iteration_ms"] or {}).get("median")),
                 **{f"time_to_reward_{t:g}_s": stat(lambda r, t=t: (r["time_to_reward"][f"{t:g}"] or {}).get("seconds"))
+                   for t in THRESHOLDS},
+                **{f"first_update_to_reward_{t:g}_s": stat(lambda r, t=t: (r["time_to_reward"][f"{t:g}"] or {}).get("seconds_after_first_update"))
                    for t in THRESHOLDS},
             },
             "reached": {f"{t:g}": sum(r["time_to_reward"][f"{t:g}"] is not None for r in members) for t in THRESHOLDS},

@@ -53,7 +53,7 @@ def test_first_crossing_names_the_exact_iteration_and_seconds():
     # the mean reaches 20 when 10 of the 20 are 40, i.e. at row 39 (iteration 40, 100 + 39 * 0.5 s)
     rows = rows_of([0.0] * 30 + [40.0] * 30)
     hit = ttr.first_crossing(rows, 20.0)
-    assert hit == {"iteration": 40, "seconds": 119.5, "moving_mean": 20.0}
+    assert hit == {"iteration": 40, "seconds": 119.5, "seconds_after_first_update": 19.5, "moving_mean": 20.0}
     hit30 = ttr.first_crossing(rows, 30.0)
     assert hit30["iteration"] == 45 and hit30["seconds"] == 122.0 and hit30["moving_mean"] == pytest.approx(30.0)
     # a single spike above the threshold does not move a 20-iteration mean there
@@ -97,6 +97,7 @@ def test_grouping_by_configuration_marks_groups_with_fewer_than_three_seeds(tmp_
     assert stock["seeds"] == [1, 2] and not stock["enough_seeds"] and "fewer than 3 seeds" in stock["note"]
     # seed s starts at 90 + s s: iteration 40 comes at 90 + s + 19.5 s; the median over seeds is seed 2's
     assert ours["median"]["time_to_reward_20_s"] == 111.5
+    assert ours["median"]["first_update_to_reward_20_s"] == 19.5  # the same for every seed: start-up taken out
     assert ours["reached"] == {"20": 3, "30": 3}
     assert stock["median"]["time_to_reward_20_s"] is None and stock["reached"] == {"20": 0, "30": 0}
     # tail timings over the last 10 rows (rows 50..59): learner 5 + i % 3, iteration 30 + i % 5
