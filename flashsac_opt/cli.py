@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import sys
 
@@ -237,6 +238,8 @@ def precompile(args: argparse.Namespace) -> int:
     report = compile_ahead.precompile(learner)
     seconds = time.perf_counter() - start
     what = f"learner_mode={cfg.learner_mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {report['device']}"
+    if args.report:
+        _write_precompile_report(Path(args.report), report, seconds, cfg, args)
     if report["compile_cache_loaded"]:
         print(f"already warm: loaded {report['compile_cache_file']} ({what}); nothing written; {seconds:.1f} s")
         return 0
@@ -249,6 +252,40 @@ def precompile(args: argparse.Namespace) -> int:
     size = Path(report["compile_cache_file"]).stat().st_size
     print(f"wrote {report['compile_cache_file']} ({size} bytes; {what}) in {seconds:.1f} s")
     return 0
+
+
+def _write_precompile_report(path, report: dict, seconds: float, cfg, args: argparse.Namespace) -> None:
+    """precompile's JSON: what it did and where the compile time went, with provenance."""
+    import datetime
+    import json
+
+    import torch
+
+    device = report["device"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "experiment": "precompile",
+        "seconds_total": seconds,  # the command's own work: config, learner, compile, capture, cache file
+        **report,
+        "config": {"learner_mode": cfg.learner_mode, "batch_size": cfg.batch_size, "updates_per_step": cfg.updates_per_step,
+                   "dims": [args.obs_dim, args.critic_obs_dim, args.action_dim]},
+        "environment": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,
+            "torch": torch.__version__, "cpus": os.cpu_count(),
+            "inductor_compile_threads": _inductor_compile_threads(),
+        },
+        "command": " ".join(["flashsac-opt", *sys.argv[1:]]),
+    }, indent=1))
+
+
+def _inductor_compile_threads() -> int | None:
+    try:
+        from torch._inductor import config
+
+        return int(config.compile_threads)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--critic-obs-dim", type=int, default=101, help="critic observation dim (default: G1's 101)")
     pre.add_argument("--action-dim", type=int, default=29, help="action dim (default: G1's 29)")
     pre.add_argument("--device", help="default: cuda when available, else cpu")
+    pre.add_argument("--report", metavar="FILE", help="also write what it did as JSON (seconds, compile phases, cache file, provenance)")
     pre.set_defaults(func=precompile)
     return parser
 

@@ -1,5 +1,6 @@
 """The compile cache file: its key, its default location, a corrupt file, and `flashsac-opt precompile`."""
 
+import json
 import warnings
 
 import pytest
@@ -139,11 +140,19 @@ def test_precompile_reports_honestly_when_torch_leaves_no_artifacts(cache_dir, c
     assert not cache_dir.exists() or not any(cache_dir.iterdir())
 
 
-def test_precompile_writes_the_file_a_train_with_the_same_overrides_loads(cache_dir, capsys, monkeypatch):
+def test_precompile_writes_the_file_a_train_with_the_same_overrides_loads(cache_dir, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
-    assert cli.main(["precompile", *PRECOMPILE]) == 0
+    torch._dynamo.reset()
+    assert cli.main(["precompile", *PRECOMPILE, "--report", str(tmp_path / "precompile.json")]) == 0
     out = capsys.readouterr().out
     files = list(cache_dir.iterdir())
+    # --report: the same run as JSON, with where torch's compile timers say the time went
+    report = json.loads((tmp_path / "precompile.json").read_text())
+    assert report["compile_cache_file"] == str(files[0]) and report["compile_cache_saved"] and report["config"]["batch_size"] == 8
+    phases = report["compile_phases_s"]
+    assert 0 < phases["dynamo_bytecode_tracing"] <= phases["dynamo_total"] <= report["seconds_total"]
+    assert phases["inductor_compile_fx_inner"] == 0.0  # aot_eager: Inductor never ran
+    assert report["environment"]["torch"] == torch.__version__ and report["command"].startswith("flashsac-opt")
     assert len(files) == 1 and out.startswith(f"wrote {files[0]} (9 bytes;") and out.rstrip().endswith(" s")
     # A train-side learner with the composed values (the G1 task sets tau 0.05) resolves the same file.
     torch._dynamo.reset()
