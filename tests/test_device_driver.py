@@ -43,6 +43,8 @@ def test_every_run_executes_something_that_exists_and_fits_the_device_limits():
     for name, run in matrix.runs.items():
         if run.script:
             assert (REPO / run.script).is_file(), f"{name}: {run.script}"
+        if run.module:
+            assert importlib.util.find_spec(run.module) is not None, f"{name}: {run.module}"
         for arg in run.pytest or []:
             if arg.startswith("tests/"):
                 assert (REPO / arg).exists(), f"{name}: {arg}"
@@ -402,3 +404,13 @@ def test_compare_takes_the_median_cold_start_over_cold_pairs(tmp_path):
     assert w1["after_vs_before"]["cold_start_s"] == pytest.approx(44.0 / 45.0)
     assert w1["after_vs_before"]["cold_start_s_per_pair"] == pytest.approx([44.0 / 50.0, 47.0 / 40.0, 41.0 / 45.0])
     assert w1["checks"]["cold_start_not_slower"] is True
+
+
+def test_a_module_run_is_python_dash_m_and_names_one_thing_to_run(tmp_path):
+    matrix = tmp_path / "runs.toml"
+    matrix.write_text('[runs.pre]\nmodule = "flashsac_opt.cli"\nargs = ["precompile", "--report", "{out}/p.json"]\n')
+    run = driver.load_matrix(matrix).runs["pre"]
+    assert driver.command(run, Path("/o"), Path("/w"), 60) == [sys.executable, "-m", "flashsac_opt.cli", "precompile", "--report", "/o/p.json"]
+    matrix.write_text('[runs.both]\nmodule = "flashsac_opt.cli"\nscript = "x.py"\n')
+    with pytest.raises(ValueError, match="exactly one of script, module, pytest, jobs"):
+        driver.load_matrix(matrix)

@@ -56,6 +56,7 @@ class Run:
     name: str
     help: str = ""
     script: str | None = None
+    module: str | None = None  # python -m MODULE ARGS (a package's command line, e.g. flashsac_opt.cli)
     args: list[str] = field(default_factory=list)
     pytest: list[str] | None = None
     jobs: list[str] | None = None
@@ -93,9 +94,9 @@ def load_matrix(path: Path = MATRIX) -> Matrix:
         if unknown:
             raise ValueError(f"run {name}: unknown keys {sorted(unknown)}")
         run = Run(name=name, **spec)
-        kinds = [k for k in ("script", "pytest", "jobs") if getattr(run, k) is not None]
+        kinds = [k for k in ("script", "module", "pytest", "jobs") if getattr(run, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"run {name}: needs exactly one of script, pytest, jobs (has {kinds or 'none'})")
+            raise ValueError(f"run {name}: needs exactly one of script, module, pytest, jobs (has {kinds or 'none'})")
         if run.wheels != "none" and run.wheels not in wheels:
             raise ValueError(f"run {name}: wheels {run.wheels!r} is not a [wheels.*] set")
         if set(run.env) & set(FIXED_ENV):
@@ -247,7 +248,8 @@ def substitute(arg: str, out: Path, work: Path, limit: int) -> str:
 def command(run: Run, out: Path, work: Path, limit: int) -> list[str]:
     if run.pytest is not None:
         return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(substitute(a, out, work, limit) for a in run.pytest)]
-    return [sys.executable, run.script, *(substitute(a, out, work, limit) for a in run.args)]
+    head = ["-m", run.module] if run.module is not None else [run.script]
+    return [sys.executable, *head, *(substitute(a, out, work, limit) for a in run.args)]
 
 
 def run_env(run: Run, work: Path) -> dict[str, str]:
