@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--root", help="a UniLab checkout (src/unilab/), a unilab package dir; default: the installed one")
     patch.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
     patch.add_argument("--patch", action="append", help="only this patch (repeatable); default: the required ones")
-    patch.add_argument("--with-cpu-smoke", action="store_true", help="apply: also the optional patch admitting CPU off-policy runs")
+    patch.add_argument("--with-cpu-smoke", action="store_true", help="apply: also the optional patches admitting CPU off-policy runs and CPU data-parallel ranks")
     patch.set_defaults(func=unilab)
     pre = sub.add_parser(
         "precompile",

@@ -4,13 +4,15 @@ UniLab 1.5.2's own process-group object (DpParameterSync) in the order its runne
 (``_dp_init_broadcast``), ``prepare_for_collection``, iterations on rank-local data,
 ``set_gradient_sync(None)`` and ``close`` at shutdown. The ranks' checkpoints must be equal.
 
-Not covered here: UniLab's launcher and the whole runner loop with two ranks (its
-DpParameterSync is built with NCCL by UniLab's train script; a CPU run needs a patch)."""
+The last test runs the whole thing through UniLab's own launcher: `train` with two ranks on the CPU
+(patch 0003 lets a CPU-only torch run them over gloo), real MuJoCo collectors, rank 0's checkpoint."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +140,48 @@ def test_the_data_parallel_hooks_refuse_misuse(require_unilab):
     with pytest.raises(ValueError, match="before the first update"):
         learner.dp_initial_sync()  # the update functions exist: too late to become data parallel
     learner.set_gradient_sync(None)  # shutdown: nothing captured to release in eager mode, no error
+
+
+def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path):
+    """`train --algo flashsac --task g1_walk_flat --sim mujoco` with two ranks on a CPU-only torch:
+    UniLab's train infers them from CUDA_VISIBLE_DEVICES' two entries (rank slots here, patch 0003),
+    rank 0 spawns rank 1, each runs its own MuJoCo collector (seed + rank) and flashsac_opt's learner
+    in UniLab's gloo group. Only rank 0 writes checkpoints; at shutdown each rank prints the digest of
+    its whole learner state and of the networks its checkpoint would hold: all must agree, and with
+    the networks of rank 0's last checkpoint file."""
+    import torch
+
+    from flashsac_opt.data_parallel import state_digest
+    from flashsac_opt.unilab import patch as unilab_patch
+    from flashsac_opt.unilab.adapter import CHECKPOINT_NETWORKS
+    from unilab_tree import add_g1_placeholders
+
+    if torch.backends.cuda.is_built():
+        pytest.skip("patch 0003 runs ranks on the CPU only with a CPU-only torch build (CI's)")
+    unilab_patch.apply(site, include_optional=True)
+    scene = add_g1_placeholders(site / "unilab")
+    logs = tmp_path / "logs"
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{Path(__file__).resolve().parents[1]}",
+               CUDA_VISIBLE_DEVICES="slot0,slot1", WANDB_MODE="disabled")
+    overrides = [
+        "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", "algo.max_iterations=6",
+        "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
+        "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
+        "algo.algo_params.fused_update=false", "algo.algo_params.compile_cache_file=off",
+        "training.dp_collector_cpu_ids=[[0],[1]]",  # one CPU per rank's collector, whatever the host's topology
+    ]
+    code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides],
+        env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Training complete" in out and "Traceback" not in out, out[-4000:]
+    lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", out))
+    assert set(lines) == {"0", "1"}, out[-4000:]  # rank 1 ran too, in UniLab's group
+    assert lines["0"] == lines["1"]  # bit-identical ranks at the end
+    (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_6.pt"))
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
+    networks = state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})
+    assert lines["0"].endswith(f"checkpoint networks digest {networks}")  # rank 1's networks = rank 0's file

@@ -39,7 +39,7 @@ def checkout(tmp_path, require_unilab):
 def test_apply_is_idempotent_and_revert_is_byte_identical(site):
     original = tree_digest(site)
     changed = unilab_patch.apply(site, include_optional=True)
-    assert len(changed) == 5
+    assert len(changed) == 8  # 0001: 2 files, 0002: 3, 0003: 3
     patched = tree_digest(site)
     assert {k for k in original if original[k] != patched[k]} == set(changed)
     assert unilab_patch.apply(site, include_optional=True) == []  # again: nothing to do
@@ -58,7 +58,7 @@ def test_checkout_layout_and_dry_run(checkout):
     unilab_patch.apply(checkout)
     report = unilab_patch.status(checkout)
     assert report["version"] == "1.5.2"
-    assert [p["state"] for p in report["patches"]] == ["applied", "not applied"]
+    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied"]  # 0002, 0003: optional
 
 
 def test_refuses_a_locally_modified_file(site):
@@ -112,7 +112,7 @@ def test_apply_rolls_back_when_a_write_fails(site, monkeypatch):
 def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
     other = copy_unilab(tmp_path / "other")
     unilab_patch.apply(site, include_optional=True)
-    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch"):
+    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-cpu-data-parallel-smoke.patch"):
         subprocess.run(["patch", "-p1", "-s", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
     assert tree_digest(other) == tree_digest(site)
 
@@ -246,7 +246,7 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr[-2000:]
     where, count = found.stdout.split()
-    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == 2
+    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 3
 
 
 @pytest.mark.parametrize("version", [0, 1, 2])

@@ -35,6 +35,8 @@ from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_d
 # Set to "PATH:N" to save the first N large batches the runtime hands to update_cycle (real
 # replay samples, moved to CPU) to PATH: the input of experiments/validate_replay_stability.py.
 RECORD_REPLAY_ENV = "FLASHSAC_OPT_RECORD_REPLAY"
+# The sections of a checkpoint that stock UniLab's eval and resume load: the networks.
+CHECKPOINT_NETWORKS = ("actor", "critic", "target_critic", "temperature")
 UNILAB_CYCLE_METRICS = ("Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature")
 # UniLab learner kwargs that flashsac_opt has no use for (its own compile/graph flags).
 _IGNORED = {"actor_lr", "critic_lr", "use_compile", "compile_full_objectives", "use_whole_cycle_cuda_graph", "dp_whole_cycle_cuda_graph"}
@@ -225,7 +227,11 @@ class UniLabFlashSACLearner:
 
                 from flashsac_opt.data_parallel import state_digest
 
-                print(f"flashsac_opt: rank {dist.get_rank()} state digest {state_digest(self.learner.state_dict())}", flush=True)
+                # the whole learner state, and the networks of the checkpoint this rank would write
+                # (only rank 0 writes one): a test compares the latter with rank 0's file
+                networks = {k: v for k, v in self.get_state_dict().items() if k in CHECKPOINT_NETWORKS}
+                print(f"flashsac_opt: rank {dist.get_rank()} state digest {state_digest(self.learner.state_dict())}"
+                      f" checkpoint networks digest {state_digest(networks)}", flush=True)
             return
         if not callable(sync):
             raise TypeError(f"set_gradient_sync expects UniLab's gradient all-reduce (a callable) or None, got {type(sync).__name__}")
