@@ -142,18 +142,11 @@ def test_the_data_parallel_hooks_refuse_misuse(require_unilab):
     learner.set_gradient_sync(None)  # shutdown: nothing captured to release in eager mode, no error
 
 
-def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path):
-    """`train --algo flashsac --task g1_walk_flat --sim mujoco` with two ranks on a CPU-only torch:
-    UniLab's train infers them from CUDA_VISIBLE_DEVICES' two entries (rank slots here, patch 0003),
-    rank 0 spawns rank 1, each runs its own MuJoCo collector (seed + rank) and flashsac_opt's learner
-    in UniLab's gloo group. Only rank 0 writes checkpoints; at shutdown each rank prints the digest of
-    its whole learner state and of the networks its checkpoint would hold: all must agree, and with
-    the networks of rank 0's last checkpoint file."""
+def launch_two_cpu_ranks(site: Path, tmp_path: Path, iterations: int) -> tuple[list[str], dict, Path]:
+    """UniLab's `train` for two ranks on a CPU-only torch: (command, environment, log root)."""
     import torch
 
-    from flashsac_opt.data_parallel import state_digest
     from flashsac_opt.unilab import patch as unilab_patch
-    from flashsac_opt.unilab.adapter import CHECKPOINT_NETWORKS
     from unilab_tree import add_g1_placeholders
 
     if torch.backends.cuda.is_built():
@@ -164,17 +157,30 @@ def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{Path(__file__).resolve().parents[1]}",
                CUDA_VISIBLE_DEVICES="slot0,slot1", WANDB_MODE="disabled")
     overrides = [
-        "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", "algo.max_iterations=6",
+        "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", f"algo.max_iterations={iterations}",
         "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
         "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
         "algo.algo_params.fused_update=false", "algo.algo_params.compile_cache_file=off",
         "training.dp_collector_cpu_ids=[[0],[1]]",  # one CPU per rank's collector, whatever the host's topology
     ]
     code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides],
-        env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,
-    )
+    return [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides], env, logs
+
+
+def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path):
+    """`train --algo flashsac --task g1_walk_flat --sim mujoco` with two ranks on a CPU-only torch:
+    UniLab's train infers them from CUDA_VISIBLE_DEVICES' two entries (rank slots here, patch 0003),
+    rank 0 spawns rank 1, each runs its own MuJoCo collector (seed + rank) and flashsac_opt's learner
+    in UniLab's gloo group. Only rank 0 writes checkpoints; at shutdown each rank prints the digest of
+    its whole learner state and of the networks its checkpoint would hold: all must agree, and with
+    the networks of rank 0's last checkpoint file."""
+    import torch
+
+    from flashsac_opt.data_parallel import state_digest
+    from flashsac_opt.unilab.adapter import CHECKPOINT_NETWORKS
+
+    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=6)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Training complete" in out and "Traceback" not in out, out[-4000:]
     lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", out))
@@ -185,3 +191,48 @@ def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(
     assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
     networks = state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})
     assert lines["0"].endswith(f"checkpoint networks digest {networks}")  # rank 1's networks = rank 0's file
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours
+        return b""
+
+
+def test_a_rank_that_dies_takes_the_run_down_promptly_and_leaves_no_process(site, tmp_path):
+    """Rank 1 killed (SIGKILL) while training: rank 0, blocked in or heading for the next all-reduce
+    in UniLab's gloo group, fails at once ("connection closed by peer"), UniLab's launcher names the
+    dead rank, and nothing of the run is left running. No hang, no interpreter abort at shutdown."""
+    import signal
+    import time
+
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("finds the ranks through /proc")
+    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=5000)
+    log = tmp_path / "train.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while not glob.glob(str(logs / "G1WalkFlat" / "*" / "model_3.pt")):  # training is under way
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.5)
+            # rank 1: the train process that UniLab's launcher started with UNILAB_DP_RANK=1 (its
+            # collector inherits that environment too, so pick the one whose parent is not a rank 1)
+            ours = [int(p) for p in os.listdir("/proc") if p.isdigit() and str(logs).encode() in _environ(int(p))]
+            rank1 = [p for p in ours if b"UNILAB_DP_RANK=1" in _environ(p) and b"train_flashsac" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            assert len(rank1) == 1, ours
+            os.kill(rank1[0], signal.SIGKILL)
+            killed = time.monotonic()
+            proc.wait(timeout=120)
+            took = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out = log.read_text()
+    assert took < 60, out[-4000:]
+    assert "rank 1 exit code -9" in out and "Fatal Python error" not in out, out[-4000:]
+    time.sleep(2)  # the launcher's teardown has returned; its process groups are gone
+    left = [p for p in os.listdir("/proc") if p.isdigit() and str(logs).encode() in _environ(int(p))]
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left]

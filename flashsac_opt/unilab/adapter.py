@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,10 @@ class UniLabFlashSACLearner:
         if sync is None:
             self.learner.release_graphs()
             self._gradient_sync = None
-            if self.learner.averager is not None:  # the ranks' end states, comparable across the run's logs
+            # The ranks' end states, comparable across the run's logs; not when a finalizer closes
+            # the runner (a run that failed, e.g. a rank died): building tensors there, during
+            # garbage collection, aborted the interpreter (torch's THPVariable_clear assert).
+            if self.learner.averager is not None and not _inside_finalizer():
                 import torch.distributed as dist
 
                 from flashsac_opt.data_parallel import state_digest
@@ -283,6 +287,16 @@ class UniLabFlashSACLearner:
         if extra:
             self.learner.iterations = int(extra["iterations"])
             self.learner.totals.copy_(extra["skipped_totals"])
+
+
+def _inside_finalizer() -> bool:
+    """Whether a ``__del__`` is on the call stack (UniLab's runner closes itself from one)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class ReplayRecorder:
