@@ -236,3 +236,45 @@ def test_a_rank_that_dies_takes_the_run_down_promptly_and_leaves_no_process(site
     time.sleep(2)  # the launcher's teardown has returned; its process groups are gone
     left = [p for p in os.listdir("/proc") if p.isdigit() and str(logs).encode() in _environ(int(p))]
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_starts_the_ranks_as_on_two_machines_and_they_meet_over_tcp(site, tmp_path):
+    """Several machines: each runs `torchrun --nnodes 2 --node-rank K --master-addr ...` around UniLab's
+    train (patch 0003 turns torchrun's RANK / WORLD_SIZE into UniLab's ranks, skips rank 0's local
+    spawning and meets over torchrun's TCP store). Two torchrun processes with their own working
+    directories stand in for the two machines; the ranks are CPU ranks over gloo (CPU-only torch)."""
+    import torch
+
+    from flashsac_opt.data_parallel import state_digest
+    from flashsac_opt.unilab.adapter import CHECKPOINT_NETWORKS
+
+    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=6)
+    env.pop("CUDA_VISIBLE_DEVICES")  # a machine's own GPUs; each "machine" here runs one CPU rank
+    entry = tmp_path / "train_entry.py"  # what the `train` console script runs
+    entry.write_text("import sys\nfrom unilab.cli import train_main\nsys.argv = ['train'] + sys.argv[1:]\ntrain_main()\n")
+    overrides = [a for a in command[3:] if a != "training.dp_collector_cpu_ids=[[0],[1]]"]
+    port = _free_port()
+    machines = []
+    for node in (0, 1):
+        cwd = tmp_path / f"machine{node}"
+        cwd.mkdir()
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(entry), *overrides]
+        machines.append(subprocess.Popen(torchrun, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [m.communicate(timeout=900)[0] for m in machines]
+    for m, out in zip(machines, outs):
+        assert m.returncode == 0 and "Traceback" not in out, out[-4000:]
+    assert "Training complete" in outs[0]  # rank 0 (machine 0) logs and checkpoints
+    lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", "".join(outs)))
+    assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], outs[0][-2000:] + outs[1][-2000:]
+    (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_6.pt"))
+    state = torch.load(checkpoint, weights_only=True)
+    assert lines["0"].endswith(f"checkpoint networks digest {state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})}")

@@ -39,7 +39,7 @@ def checkout(tmp_path, require_unilab):
 def test_apply_is_idempotent_and_revert_is_byte_identical(site):
     original = tree_digest(site)
     changed = unilab_patch.apply(site, include_optional=True)
-    assert len(changed) == 8  # 0001: 2 files, 0002: 3, 0003: 3
+    assert len(changed) == 9  # 0001: 2 files, 0002: 3, 0003: 4
     patched = tree_digest(site)
     assert {k for k in original if original[k] != patched[k]} == set(changed)
     assert unilab_patch.apply(site, include_optional=True) == []  # again: nothing to do
@@ -112,7 +112,7 @@ def test_apply_rolls_back_when_a_write_fails(site, monkeypatch):
 def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
     other = copy_unilab(tmp_path / "other")
     unilab_patch.apply(site, include_optional=True)
-    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-cpu-data-parallel-smoke.patch"):
+    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch"):
         subprocess.run(["patch", "-p1", "-s", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
     assert tree_digest(other) == tree_digest(site)
 
