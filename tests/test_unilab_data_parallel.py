@@ -4,8 +4,9 @@ UniLab 1.5.2's own process-group object (DpParameterSync) in the order its runne
 (``_dp_init_broadcast``), ``prepare_for_collection``, iterations on rank-local data,
 ``set_gradient_sync(None)`` and ``close`` at shutdown. The ranks' checkpoints must be equal.
 
-The last test runs the whole thing through UniLab's own launcher: `train` with two ranks on the CPU
-(patch 0003 lets a CPU-only torch run them over gloo), real MuJoCo collectors, rank 0's checkpoint."""
+The later tests run the whole thing through UniLab's own `train` with two ranks on the CPU (patch
+0003 lets a CPU-only torch run them over gloo; real MuJoCo collectors): rank 0's checkpoint, a rank
+that dies, a resume on another world size, and torchrun starting the ranks as on two machines."""
 
 from __future__ import annotations
 
@@ -278,3 +279,25 @@ def test_torchrun_starts_the_ranks_as_on_two_machines_and_they_meet_over_tcp(sit
     (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_6.pt"))
     state = torch.load(checkpoint, weights_only=True)
     assert lines["0"].endswith(f"checkpoint networks digest {state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})}")
+
+
+def test_a_checkpoint_resumes_on_another_world_size(site, tmp_path):
+    """A one-rank run's checkpoint resumed by two ranks (`algo.resume=true`): both load it, stay
+    bit-identical, and go on from its iteration count (checkpoints hold no rank-specific state)."""
+    import torch
+
+    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=3)
+    single = subprocess.run(command, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert single.returncode == 0 and "Training complete" in single.stdout + single.stderr, (single.stdout + single.stderr)[-4000:]
+    (first,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_3.pt"))
+    before = torch.load(first, weights_only=True)["flashsac_opt"]["iterations"]
+    resumed = [a.replace("algo.max_iterations=3", "algo.max_iterations=6") for a in command]
+    resumed += ["algo.resume=true", f"algo.load_run={Path(first).parent.name}"]  # its last checkpoint
+    proc = subprocess.run(resumed, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Training complete" in out and "Traceback" not in out, out[-4000:]
+    lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", out))
+    assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], out[-4000:]
+    (second,) = glob.glob(str(logs / "G1WalkFlat" / "*gpux2" / "model_6.pt"))
+    assert out.count(f"Resumed learner state from {first}") == 2  # UniLab's line, once per rank
+    assert torch.load(second, weights_only=True)["flashsac_opt"]["iterations"] == before + 3  # iterations 4-6
