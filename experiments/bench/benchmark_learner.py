@@ -49,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
+from bench.roofline import kernel_classes  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -272,6 +273,8 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
         "kernel_us_per_iteration": sum(t for _, t in by_name.values()) / iterations,
         "kernels_under_5us_per_iteration": sum(c for c, t in by_name.values() if t / max(c, 1) < 5.0) / iterations,
         "top_kernels": [{"name": n[:120], "count_per_iteration": c / iterations, "us_per_iteration": t / iterations} for n, (c, t) in top],
+        # every kernel, by class (bench/roofline.py's map of where the GPU time goes)
+        "kernel_classes": kernel_classes({n: (c, t) for n, (c, t) in by_name.items()}, iterations),
     }
 
 

@@ -1,0 +1,167 @@
+"""Roofline map of the learner iteration: where its GPU time goes, by kernel class, against the
+H200's peaks (issue "The learner at half of UniLab's best").
+
+Kernel classes come from the kernel names torch.profiler records (`classify`): vendor GEMMs
+(cuBLAS nvjet / xmma / cutlass), Triton reductions that compute BatchNorm statistics (and the
+sums of their backward), pointwise kernels that normalize (BN apply, with the activations
+Inductor fused into them), activations alone, the weight renormalization after each step, the
+Adam step, and the rest. Inductor fuses across these lines, so a class is the kernel's dominant
+role, decided by the ops in its generated name (first rule that matches wins).
+
+The GEMM work per iteration is counted exactly on the CPU with the same learner code in eager
+mode (`work`, torch.utils.flop_counter): the GEMM class's achieved TFLOP/s and its floor at the
+dense bf16 peak follow. The other classes are memory-bound; torch.profiler gives no bytes per
+kernel, so their achieved GB/s is not derived here (an unfused eager byte count was tried and
+is meaningless after Inductor's fusion: 81 GB per W3 iteration); their floor is left to a
+per-kernel byte count on the GPU.
+
+    python experiments/bench/roofline.py --input results/learner_benchmark/benchmark_learner_side_by_side_W3_W4.json \\
+        --variant ours_graph --output results/roofline/roofline_W3_W4.json --plot results/roofline/roofline_W3_W4.png
+
+A benchmark JSON from before `kernel_classes` was recorded has only its 40 longest kernels per
+cell: the table then covers their share of the kernel time (`coverage`), said in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+
+H200_PEAKS = {"bf16_dense_tflops": 989.0, "hbm_tb_per_s": 4.8}  # NVIDIA H200 SXM datasheet (HBM: for the GPU run to come)
+CLASSES = ("GEMM", "BN statistics", "BN apply", "activations", "renormalization", "optimizer", "other")
+_RULES = (  # (class, pattern over the kernel name): the first match wins
+    ("optimizer", r"^Optimizer\.step|lerp.*(addcmul|sqrt)|addcmul.*lerp|_fused_adam|multi_tensor_apply"),
+    ("renormalization", r"linalg_vector_norm|renorm"),
+    ("GEMM", r"^(nvjet|sm\d+_xmma|cutlass|ampere_|volta_|turing_)|gemm|splitKreduce|\bbmm_|_bmm\b"),
+    ("BN statistics", r"^triton_(red|per)_.*(var|mean|rsqrt)|WelfordOps|batch_norm_collect|batch_norm_backward_reduce"),
+    ("BN apply", r"^triton_poi_.*rsqrt|batch_norm_elemt|batch_norm_backward_elemt"),
+    ("activations", r"relu|threshold_backward|tanh|softplus|sigmoid|exp|log_softmax|silu|gelu"),
+)
+
+
+def classify(name: str) -> str:
+    for cls, pattern in _RULES:
+        if re.search(pattern, name):
+            return cls
+    return "other"
+
+
+def kernel_classes(by_name: dict[str, tuple[float, float]], iterations: int) -> dict[str, dict[str, float]]:
+    """{class: {kernels, us}} per iteration from {kernel name: (count, device us)} of a profile."""
+    out = {c: {"kernels": 0.0, "us": 0.0} for c in CLASSES}
+    for name, (count, us) in by_name.items():
+        row = out[classify(name)]
+        row["kernels"] += count / iterations
+        row["us"] += us / iterations
+    return out
+
+
+def work(workload: dict) -> dict[str, float]:
+    """GEMM FLOPs of one learner iteration of ``workload`` (its batch size, updates per step,
+    policy frequency and dims), counted on the CPU in eager mode."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    cfg = FlashSACConfig(batch_size=workload["batch_size"], updates_per_step=workload["updates_per_step"],
+                         policy_frequency=workload["policy_frequency"], learner_mode="eager")
+    learner = FlashSACLearner(cfg, workload["obs_dim"], workload["critic_obs_dim"], workload["action_dim"], device="cpu")
+    batch = synthetic_batch(cfg.batch_size * cfg.updates_per_step, learner.obs_dim, learner.critic_obs_dim, learner.action_dim,
+                            torch.Generator().manual_seed(0))
+    flops = FlopCounterMode(display=False)
+    with flops:
+        learner.update(batch)
+    return {"gemm_flops": float(flops.get_total_flops())}
+
+
+def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_PEAKS) -> dict:
+    """The roofline rows of one benchmark cell (one variant at one workload)."""
+    classes = cell.get("kernel_classes")
+    if classes is None:  # an older benchmark JSON: its 40 longest kernels only
+        by_name = {k["name"]: (k["count_per_iteration"], k["us_per_iteration"]) for k in cell["top_kernels"]}
+        classes = kernel_classes(by_name, 1)
+        source = "top_kernels"
+    else:
+        source = "kernel_classes"
+    covered = sum(c["us"] for c in classes.values())
+    total = cell.get("kernel_us_per_iteration") or covered
+    rows = []
+    for name in CLASSES:
+        us = classes[name]["us"]
+        rows.append({"class": name, "kernels": classes[name]["kernels"], "us": us, "share_of_kernel_time": us / total if total else None})
+    gemm = rows[0]
+    gemm["tflops_achieved"] = counts["gemm_flops"] / (gemm["us"] * 1e-6) / 1e12 if gemm["us"] else None
+    gemm["floor_us"] = counts["gemm_flops"] / (peaks["bf16_dense_tflops"] * 1e12) * 1e6
+    if source == "top_kernels":  # GEMMs outside the top 40 are missing from its time
+        gemm["tflops_achieved_is_upper_bound"] = True
+    return {
+        "variant": cell["variant"], "workload": cell["workload"], "ms_median": cell["ms_median"],
+        "kernel_us_per_iteration": total, "source": source, "coverage": covered / total if total else None,
+        "rows": rows, "work": counts, "gemm_floor_us": gemm["floor_us"],
+    }
+
+
+def plot(report: dict, path: Path) -> None:
+    from report import plotting
+
+    cells = report["cells"]
+    fig, ax = plotting.subplots(figsize=(10, 1.2 + 0.9 * len(cells)))
+    labels = [f"{c['workload']} {c['variant']}" for c in cells]
+    left = [0.0] * len(cells)
+    for name in CLASSES:
+        widths = [next(r["us"] for r in c["rows"] if r["class"] == name) / 1e3 for c in cells]
+        ax.barh(labels, widths, left=left, label=name)
+        left = [a + b for a, b in zip(left, widths)]
+    rest = [c["kernel_us_per_iteration"] / 1e3 - x for c, x in zip(cells, left)]
+    if any(r > 1e-6 for r in rest):  # an older JSON: the kernels outside its top 40, unclassified
+        ax.barh(labels, rest, left=left, label="not classified (outside the top 40)", color="lightgrey")
+    for i, c in enumerate(cells):
+        ax.plot([c["gemm_floor_us"] / 1e3] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2)
+    plotting.finish_axis(ax, "GPU kernel time per learner iteration (ms); black tick: the GEMM FLOPs at the bf16 peak",
+                         "", "Kernel time by class (H200)", legend=False)
+    ax.legend(fontsize=8, loc="lower right")
+    plotting.save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common import write_report
+    from bench.benchmark_learner import WORKLOADS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", type=Path, required=True, help="a benchmark_learner JSON (measured on the GPU)")
+    parser.add_argument("--variant", action="append", help="cells of this variant (repeatable; default ours_graph and unilab_graph)")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args(argv)
+    bench = json.loads(args.input.read_text())
+    variants = args.variant or ["unilab_graph", "ours_graph"]
+    cells = [c for c in bench["cells"] if c["variant"] in variants and ("top_kernels" in c or "kernel_classes" in c)]
+    if not cells:
+        parser.error(f"{args.input}: no profiled cell of {variants}")
+    counted = {w: work(WORKLOADS[w]) for w in sorted({c["workload"] for c in cells})}
+    report = {
+        "experiment": "roofline",
+        "what": "kernel time by class from the benchmark's profile (measured on the GPU it names), work per iteration counted on this machine's CPU",
+        "input": str(args.input), "gpu_environment": bench.get("environment"), "peaks": H200_PEAKS,
+        "cells": [table(c, counted[c["workload"]]) for c in cells],
+        "command": " ".join(["python", *sys.argv]),
+    }
+    write_report(report, args.output, plot if args.plot else None, args.plot)
+    for c in report["cells"]:
+        g = c["rows"][0]
+        print(f"{c['workload']} {c['variant']}: {c['kernel_us_per_iteration']:.0f} us of kernels ({c['coverage']:.0%} classified); "
+              f"GEMM {g['us']:.0f} us at {g['tflops_achieved'] or 0:.0f} TFLOP/s (floor {g['floor_us']:.0f} us); "
+              + ", ".join(f"{r['class']} {r['us']:.0f}" for r in c["rows"][1:] if r["us"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

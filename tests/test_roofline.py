@@ -1,0 +1,65 @@
+"""The roofline map's kernel classes and arithmetic (CPU)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    saved = list(sys.path)
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        spec = importlib.util.spec_from_file_location("roofline", REPO / "experiments" / "bench" / "roofline.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path[:] = saved
+
+
+# Kernel names as torch.profiler recorded them on the H200 (results/learner_benchmark/, W3)
+@pytest.mark.parametrize("name, expected", [
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "GEMM"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>(", "GEMM"),
+    ("triton_red_fused_mean_permute_var_view_23", "BN statistics"),
+    ("triton_red_fused__to_copy_mul_neg_permute_rsqrt_slice_squeeze_sub_sum_threshold_backward_unsqueeze_view_19", "BN statistics"),
+    ("triton_poi_fused__to_copy_add_mul_permute_relu_rsqrt_slice_squeeze_sub_threshold_backward_unsqueeze_view_11", "BN apply"),
+    ("triton_poi_fused__to_copy_abs_add_addcmul_all_bitwise_and_clamp_copy__cos_div_eq_lerp_mul_ne_pow_rsub_sqrt_sub", "optimizer"),
+    ("Optimizer.step#Adam.step", "optimizer"),
+    ("triton_poi_fused_clamp_min_div_expand_linalg_vector_norm_slice_view_5", "renormalization"),
+    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::WelfordOps<c10::BFloat16, float", "BN statistics"),
+    ("triton_poi_fused_relu_threshold_backward_3", "activations"),
+    ("triton_per_fused__to_copy_div_mul_squeeze_sum_view_6", "other"),  # a loss sum, no normalization
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float", "other"),
+])
+def test_kernels_fall_into_their_class(roofline, name, expected):
+    assert roofline.classify(name) == expected
+
+
+def test_the_table_adds_up_and_derives_the_gemm_rate_from_the_counted_flops(roofline):
+    cell = {"variant": "ours_graph", "workload": "W3", "ms_median": 9.0, "kernel_us_per_iteration": 1000.0,
+            "top_kernels": [{"name": "nvjet_sm90_x", "count_per_iteration": 4, "us_per_iteration": 500.0},
+                            {"name": "triton_red_fused_mean_var_1", "count_per_iteration": 2, "us_per_iteration": 300.0}]}
+    t = roofline.table(cell, {"gemm_flops": 2.0e11})
+    rows = {r["class"]: r for r in t["rows"]}
+    assert t["source"] == "top_kernels" and t["coverage"] == pytest.approx(0.8)  # 800 of 1000 us profiled by name
+    assert rows["GEMM"]["tflops_achieved"] == pytest.approx(400.0)  # 2e11 FLOP in 500 us
+    assert rows["GEMM"]["floor_us"] == pytest.approx(2.0e11 / 989e12 * 1e6)
+    assert rows["BN statistics"]["share_of_kernel_time"] == pytest.approx(0.3) and rows["other"]["us"] == 0
+    # a new benchmark JSON carries every kernel by class: the table takes those
+    cell["kernel_classes"] = roofline.kernel_classes({"nvjet_a": (3, 900.0), "x": (3, 300.0)}, iterations=3)
+    t = roofline.table(cell, {"gemm_flops": 2.0e11})
+    assert t["source"] == "kernel_classes" and t["rows"][0]["us"] == 300.0 and t["rows"][0]["kernels"] == 1.0
+
+
+def test_gemm_work_scales_with_rows_and_updates(roofline):
+    small = dict(batch_size=16, updates_per_step=2, policy_frequency=2, obs_dim=6, critic_obs_dim=7, action_dim=3)
+    base = roofline.work(small)["gemm_flops"]
+    assert base > 0
+    assert roofline.work({**small, "batch_size": 32})["gemm_flops"] == pytest.approx(2 * base)
+    assert roofline.work({**small, "updates_per_step": 4})["gemm_flops"] == pytest.approx(2 * base)
