@@ -8,6 +8,11 @@ import importlib.util
 import os
 import platform
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flashsac_opt.config import FlashSACConfig
 
 
 def _version(dist: str) -> str | None:
@@ -192,9 +197,8 @@ torch left no artifacts to write (e.g. compile_backend=aot_eager), 2 when refuse
 """
 
 
-def _unilab_config_file() -> "Path":
+def _unilab_config_file() -> Path:
     import unilab
-    from pathlib import Path
 
     return Path(unilab.__file__).parent / "conf" / "flashsac" / "config.yaml"
 
@@ -202,7 +206,6 @@ def _unilab_config_file() -> "Path":
 def precompile(args: argparse.Namespace) -> int:
     """Compile (and capture) once for a configuration and write the compile cache file."""
     import time
-    from pathlib import Path
 
     import torch
     from hydra import compose, initialize_config_dir
@@ -254,7 +257,7 @@ def precompile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_precompile_report(path, report: dict, seconds: float, cfg, args: argparse.Namespace) -> None:
+def _write_precompile_report(path: Path, report: dict, seconds: float, cfg: FlashSACConfig, args: argparse.Namespace) -> None:
     """precompile's JSON: what it did and where the compile time went, with provenance."""
     import datetime
     import json
@@ -306,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--root", help="a UniLab checkout (src/unilab/), a unilab package dir; default: the installed one")
     patch.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
     patch.add_argument("--patch", action="append", help="only this patch (repeatable); default: the required ones")
-    patch.add_argument("--with-cpu-smoke", action="store_true", help="apply: also the optional patches admitting CPU off-policy runs and CPU data-parallel ranks")
+    patch.add_argument("--with-cpu-smoke", action="store_true", help="apply: also the optional patches (CPU off-policy runs; data-parallel launch: CPU ranks, torchrun)")
     patch.set_defaults(func=unilab)
     pre = sub.add_parser(
         "precompile",

@@ -13,8 +13,8 @@ to first update) plus an equal share of the iteration time left, so a slow run i
 lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
 --cpu-rehearsal: a tiny CPU run (16 envs, eager, the CPU-admitting patch) of the same steps.
 --no-eval: no stock eval at the end (its share goes to the trainings). --stop-at-reward R: each
-training stops once its 20-iteration mean reward reaches R (time to reward needs no more). --throwaway: the first RUN
-only warms the host (OS file cache); its JSON stays under WORK. A run at other than
+training stops once its 20-iteration mean reward reaches R (time to reward needs no more).
+--throwaway: the first RUN only warms the host (OS file cache); its JSON stays under WORK. A run at other than
 256 envs has them in its name (training_u8_b2048_e4096_...), so it never takes the name of a
 256-env run of the same updates and batch.
 """
