@@ -79,11 +79,11 @@ class RankAverager:
             t.copy_(flat[start : start + t.numel()].view_as(t))
             start += t.numel()
 
-    def gather_envs(self, x: torch.Tensor) -> torch.Tensor:
-        """All ranks' ``x`` concatenated along the last (environment) dimension, in rank order."""
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """All ranks' ``x`` (the same shape on every rank), stacked in rank order."""
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        return torch.stack(parts)
 
 
 def check_same_config(averager: RankAverager, description: dict) -> None:
@@ -134,10 +134,17 @@ def named_tensors(state: dict, prefix: str = "") -> Iterator[tuple[str, torch.Te
             yield from named_tensors(value, f"{prefix}{key}.")
 
 
+# State that is each rank's own by design: the running discounted return of the rank's own
+# envs (the reward statistics built from them are global).
+RANK_LOCAL_STATE = ("reward_normalizer.returns",)
+
+
 def state_digest(state: dict) -> str:
-    """SHA-256 of every tensor's name and bytes: equal digests = bit-identical states."""
+    """SHA-256 of every tensor's name and bytes but RANK_LOCAL_STATE: equal digests =
+    bit-identical ranks."""
     digest = hashlib.sha256()
-    for name, t in sorted(named_tensors(state), key=lambda item: item[0]):
+    shared = (item for item in named_tensors(state) if item[0] not in RANK_LOCAL_STATE)
+    for name, t in sorted(shared, key=lambda item: item[0]):
         digest.update(name.encode())
         digest.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

@@ -258,9 +258,13 @@ class FlashSACLearner:
     def update_reward_stats(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
         """Fold newly collected transitions (steps, num_envs) into the reward scale."""
         if self.reward_normalizer is not None:
-            if self.averager is not None:  # one global reward scale: every rank folds in all ranks' envs
-                rewards, dones = self.averager.gather_envs(rewards), self.averager.gather_envs(dones)
-            self.reward_normalizer.update(rewards, dones)
+            if self.averager is not None:
+                # UniLab calls this per rank whenever that rank's collector committed rows: a
+                # collective here deadlocked (ranks call it unequally often). Folded into one
+                # global scale at the next iteration's start instead (_begin_iteration).
+                self.reward_normalizer.accumulate(rewards, dones)
+            else:
+                self.reward_normalizer.update(rewards, dones)
 
     # ---------------------------------------------------------------- updates
     # Each network update comes as pure pieces: a *loss* function (forward + loss, its
@@ -458,10 +462,20 @@ class FlashSACLearner:
 
     def _begin_iteration(self, schedule: Schedule) -> None:
         """Record the iteration's schedule (read_metrics uses it) and size the metrics buffer."""
+        self._fold_rank_reward_stats()
         self._last_schedule = schedule
         if self.metrics is None or self.metrics.shape[0] != schedule.updates_per_step + 1:
             self.metrics = torch.zeros(schedule.updates_per_step + 1, len(METRIC_COLUMNS), device=self.device)
             mark_static(self.metrics)
+
+    def _fold_rank_reward_stats(self) -> None:
+        """Data parallel: every rank's reward statistics since the last call, folded into the one
+        global scale in rank order. Called where every rank is in lockstep (an iteration's or a
+        critic step's start), so the ranks' gathers match; eager, outside any captured graph,
+        and without a host sync."""
+        if self.averager is not None and self.reward_normalizer is not None:
+            rn = self.reward_normalizer
+            rn.fold(self.averager.gather(rn.take_pending()))
 
     # ------------------------------------------------- single updates (UniLab per-update path)
     def _single_batch(self, batch: dict[str, torch.Tensor]):
@@ -473,6 +487,7 @@ class FlashSACLearner:
 
     def step_critic(self, batch: dict[str, torch.Tensor]) -> None:
         """One critic update (no target update) on a single batch."""
+        self._fold_rank_reward_stats()
         updates, b = self._single_batch(batch)
         self._critic_update(updates, b, self._single_metrics, polyak=False)
 

@@ -4,6 +4,13 @@ For every env, G <- gamma * (1 - done) * G + r after each transition; the scale 
 max(sqrt(Var[G] + eps), max|G| / g_max). The statistics are fed from newly collected
 transitions (not from sampled batches) and live on the learner device; all updates are
 in place so captured graphs that read them stay valid.
+
+Data parallel: UniLab hands each rank its own envs' new transitions whenever its collector
+committed some, so how often and how many differ between ranks and no collective can sit
+there. A rank then ``accumulate``s them into a pending partial (count, mean, M2 of its G
+values, max |G|) with no communication, and the learner, at the start of each iteration
+(which every rank runs in lockstep), gathers the ranks' partials and ``fold``s them in rank
+order: one global scale, the same bits on every rank. G itself stays per rank (its own envs).
 """
 
 from __future__ import annotations
@@ -19,9 +26,33 @@ class RewardNormalizer:
         self.count = torch.tensor(1e-4, device=device)
         self.returns = torch.zeros(0, device=device)  # per-env discounted return G
         self.abs_max = torch.tensor(0.0, device=device)  # running max |G|
+        # data parallel: this rank's statistics not yet folded in: count, mean, var, max |G|
+        self.pending = torch.zeros(4, device=device)
 
     def update(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
         """Fold in transitions shaped (steps, num_envs) or (num_envs,), in time order."""
+        self._steps(rewards, dones, (self.mean, self.var, self.count, self.abs_max))
+
+    def accumulate(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
+        """As ``update``, into this rank's pending statistics instead of the running ones."""
+        p = self.pending
+        self._steps(rewards, dones, (p[1:2], p[2:3], p[0], p[3]))
+
+    def take_pending(self) -> torch.Tensor:
+        """This rank's pending [count, mean, var, max |G|] since the last call (then reset)."""
+        out = self.pending.clone()
+        self.pending.zero_()
+        return out
+
+    def fold(self, partials: torch.Tensor) -> None:
+        """Merge the ranks' ``take_pending`` rows, in rank order, into the running statistics;
+        a row with count 0 changes nothing."""
+        stats = (self.mean, self.var, self.count, self.abs_max)
+        for count, mean, var, abs_max in partials.to(self.device, torch.float32):
+            _chan_merge(stats, count, mean, var)
+            self.abs_max.copy_(torch.maximum(self.abs_max, abs_max))
+
+    def _steps(self, rewards: torch.Tensor, dones: torch.Tensor, stats: tuple) -> None:
         if rewards.shape != dones.shape:
             raise ValueError(
                 f"reward statistics: rewards {tuple(rewards.shape)} and dones {tuple(dones.shape)} differ"
@@ -37,21 +68,12 @@ class RewardNormalizer:
         if self.returns.shape != rewards.shape[-1:]:
             self.returns = torch.zeros(rewards.shape[-1], device=self.device)
         keep = 1.0 - torch.clamp(dones, 0.0, 1.0)
+        abs_max = stats[3]
         for t in range(rewards.shape[0]):
             self.returns.mul_(self.gamma * keep[t]).add_(rewards[t])
-            self.abs_max.copy_(torch.maximum(self.abs_max, self.returns.abs().max()))
-            self._merge(self.returns)
-
-    def _merge(self, x: torch.Tensor) -> None:
-        """Chan et al. parallel merge of a batch's mean/variance into the running ones."""
-        n = torch.tensor(float(x.numel()), device=self.device)
-        batch_mean, batch_var = x.mean(), x.var(unbiased=False)
-        delta = batch_mean - self.mean
-        total = self.count + n
-        merged_m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
-        self.mean.copy_(self.mean + delta * n / total)
-        self.var.copy_(merged_m2 / total)
-        self.count.copy_(total)
+            abs_max.copy_(torch.maximum(abs_max, self.returns.abs().max()))
+            x = self.returns
+            _chan_merge(stats, torch.tensor(float(x.numel()), device=self.device), x.mean(), x.var(unbiased=False))
 
     def scale(self) -> torch.Tensor:
         return torch.maximum(torch.sqrt(self.var + self.eps), self.abs_max / max(self.g_max, self.eps))
@@ -64,3 +86,18 @@ class RewardNormalizer:
             self.returns = torch.zeros_like(state["returns"], device=self.device)
         for name, value in state.items():
             getattr(self, name).copy_(value)
+
+
+def _chan_merge(stats: tuple, n: torch.Tensor, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
+    """Chan et al. parallel merge of a batch's count/mean/variance into ``stats`` = (mean,
+    var, count, ...) in place. With a running count of 0 it takes the batch's; a batch of
+    count 0 (a rank with nothing new) leaves every bit as it was (selected on the device: no
+    host sync). The running count starts at 1e-4, so the division never sees 0/0."""
+    mean, var, count = stats[0], stats[1], stats[2]
+    delta = batch_mean - mean
+    total = count + n
+    merged_m2 = var * count + batch_var * n + delta.pow(2) * count * n / total
+    some = n > 0
+    mean.copy_(torch.where(some, mean + delta * n / total, mean))
+    var.copy_(torch.where(some, merged_m2 / total, var))
+    count.copy_(torch.where(some, total, count))

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flashsac_opt.config import FlashSACConfig
-from flashsac_opt.data_parallel import collective_bytes_per_iteration, named_tensors
+from flashsac_opt.data_parallel import RANK_LOCAL_STATE, collective_bytes_per_iteration, named_tensors
 from flashsac_opt.learner import COL, FlashSACLearner
 from flashsac_opt.testing.oracle import synthetic_batch
 
@@ -75,7 +75,12 @@ def test_ranks_with_different_data_stay_bit_identical(tmp_path, scenario):
     t0, t1 = dict(named_tensors(s0)), dict(named_tensors(s1))
     assert t0.keys() == t1.keys()
     for name in t0:
-        assert torch.equal(t0[name], t1[name]), name
+        if name in RANK_LOCAL_STATE:  # each rank's own envs' running returns: different data
+            assert not torch.equal(t0[name], t1[name]), name
+        else:
+            assert torch.equal(t0[name], t1[name]), name
+    # one global reward scale from both ranks' envs: not what either rank's alone would give
+    assert float(s0["reward_normalizer"]["count"]) > 2 * 8 * 3 * 2 - 1  # 2 ranks x 8 envs x 2 steps x 3 iterations (+1e-4)
     # The ranks trained on different batches: the run moved the networks away from init.
     fresh = FlashSACLearner(FlashSACConfig(**SMALL), **DIMS)
     assert not torch.equal(s0["critic"]["params"], fresh.critic.params.detach())
@@ -89,7 +94,8 @@ def test_nccl_graph_mode_ranks_stay_bit_identical(tmp_path):
         pytest.skip("needs 2 GPUs")
     s0, s1 = _run(tmp_path, "nccl_graph")
     for name, t in named_tensors(s0):
-        assert torch.equal(t, dict(named_tensors(s1))[name]), name
+        if name not in RANK_LOCAL_STATE:  # each rank's own envs' running returns
+            assert torch.equal(t, dict(named_tensors(s1))[name]), name
     assert torch.isfinite(s0["critic"]["params"]).all()
 
 
@@ -111,7 +117,8 @@ def test_nccl_graph_mode_without_broadcast_keeps_ranks_within_rounding(tmp_path)
 
 def test_two_ranks_on_the_same_data_equal_one_process(tmp_path):
     """Averaging two identical gradients is exact, so 2 ranks x the same batches == 1 process
-    (reward statistics aside: the ranks fold in both ranks' copies of the rewards)."""
+    (reward statistics aside: each iteration the ranks fold both ranks' partials of the same
+    rewards, which the single process does by hand)."""
     s0, _ = _run(tmp_path, "same_data")
     torch.manual_seed(100)
     single = FlashSACLearner(FlashSACConfig(**SMALL, fused_update=False), **DIMS)
@@ -120,7 +127,9 @@ def test_two_ranks_on_the_same_data_equal_one_process(tmp_path):
     for it in range(3):
         b = synthetic_batch(rows, generator=g, **DIMS)
         r = torch.randn(2, 8, generator=g)
-        single.update_reward_stats(torch.cat([r, r], dim=-1), torch.zeros(2, 16))
+        single.reward_normalizer.accumulate(r, torch.zeros(2, 8))
+        partial = single.reward_normalizer.take_pending()
+        single.reward_normalizer.fold(torch.stack([partial, partial]))
         torch.manual_seed(7 + it)
         single.update(b)
     # rank 0 of the pair started from seed 100 as the single learner did
