@@ -7,7 +7,7 @@ in place so captured graphs that read them stay valid.
 
 Data parallel: UniLab hands each rank its own envs' new transitions whenever its collector
 committed some, so how often and how many differ between ranks and no collective can sit
-there. A rank then ``accumulate``s them into a pending partial (count, mean, M2 of its G
+there. A rank then ``accumulate``s them into a pending partial (count, mean, variance of its G
 values, max |G|) with no communication, and the learner, at the start of each iteration
 (which every rank runs in lockstep), gathers the ranks' partials and ``fold``s them in rank
 order: one global scale, the same bits on every rank. G itself stays per rank (its own envs).

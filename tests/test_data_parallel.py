@@ -189,3 +189,38 @@ def test_collective_bytes_follow_the_layout():
 def test_data_parallel_needs_an_initialized_process_group():
     with pytest.raises(ValueError, match="init_process_group"):
         FlashSACLearner(FlashSACConfig(**SMALL), process_group=True, **DIMS)
+
+
+def test_reward_partials_fold_into_the_statistics_of_every_ranks_envs():
+    """The data-parallel reward statistics without processes: two ranks' partials, folded in rank
+    order, give the count, mean, variance and max |G| of all their envs' returns (with the prior
+    the running statistics start from); an empty partial changes no bit."""
+    from flashsac_opt.reward_norm import RewardNormalizer
+
+    g = torch.Generator().manual_seed(3)
+    rewards = [torch.randn(5, 8, generator=g) for _ in range(2)]
+    dones = [(torch.rand(5, 8, generator=g) < 0.2).float() for _ in range(2)]
+    ranks = [RewardNormalizer(0.9, 10.0, torch.device("cpu")) for _ in range(2)]
+    for rn, r, d in zip(ranks, rewards, dones):
+        rn.accumulate(r, d)
+    partials = torch.stack([rn.take_pending() for rn in ranks])
+    assert torch.equal(ranks[0].pending, torch.zeros(4))  # taken: reset
+    folded = RewardNormalizer(0.9, 10.0, torch.device("cpu"))
+    folded.fold(partials)
+    values = []  # every env's G after every step, all ranks
+    for r, d in zip(rewards, dones):
+        ret = torch.zeros(8, dtype=torch.float64)
+        for t in range(5):
+            ret = 0.9 * (1 - d[t].double()) * ret + r[t].double()
+            values.append(ret.clone())
+    x = torch.cat(values)
+    prior, n = 1e-4, x.numel()  # the running statistics start at count 1e-4, mean 0, var 1
+    mean = n * x.mean() / (prior + n)
+    var = (prior * 1.0 + n * x.var(unbiased=False) + x.mean() ** 2 * prior * n / (prior + n)) / (prior + n)
+    assert float(folded.count) == pytest.approx(prior + n)
+    assert float(folded.mean) == pytest.approx(float(mean), rel=1e-5)
+    assert float(folded.var) == pytest.approx(float(var), rel=1e-5)
+    assert float(folded.abs_max) == pytest.approx(float(x.abs().max()), rel=1e-6)
+    before = [t.clone() for t in (folded.mean, folded.var, folded.count, folded.abs_max)]
+    folded.fold(torch.zeros(2, 4))  # ranks with nothing new
+    assert all(torch.equal(a, b) for a, b in zip(before, (folded.mean, folded.var, folded.count, folded.abs_max)))
