@@ -38,7 +38,7 @@ from report.summarize_trainings import summarize_run  # noqa: E402
 WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
-GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs")
+GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n")
 
 # The matrix: (name, updates per step, batch, envs), in the order device time goes to them.
 CONFIGS = (("u64", 64, 256, 256), ("u8", 8, 256, 256), ("u32", 32, 256, 256), ("u128", 128, 256, 256),
@@ -46,6 +46,9 @@ CONFIGS = (("u64", 64, 256, 256), ("u8", 8, 256, 256), ("u32", 32, 256, 256), ("
 LEARNERS = (("unilab", "graph"), ("flashsac_opt", "graph"))  # stock UniLab's default learner vs the patched one
 SEEDS = (1, 2, 3)
 ITERATIONS = 1500
+# UniLab's own replay defaults (conf/flashsac/config.yaml): seed 001's timing runs used 32 and 8,
+# with which 64 updates per iteration learned at about a third of the rate issue 17 reports
+REPLAY_BUFFER_N, LEARNING_STARTS = 512, 98
 ENTRY_LIMIT_S = 555  # one training: cold start-up (<= ~250 s) + 1500 iterations (<= ~240 s at U128)
 JOBS_LIMIT_S = 570
 TOML_BEGIN = "# time_to_reward.py plan --toml: begin (generated; edit the matrix there, then paste it again)"
@@ -88,7 +91,8 @@ def summarize_file(path: Path, last: int) -> dict:
     rows = reward_rows(report)
     env = report.get("environment", {})
     return {
-        **{k: base[k] for k in ("file", *GROUP_KEY, "seed", "iterations_planned", "iterations_logged",
+        "replay_buffer_n": report["training_config"].get("replay_buffer_n"),
+        **{k: base[k] for k in ("file", *GROUP_KEY[:-1], "seed", "iterations_planned", "iterations_logged",
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
         "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],
@@ -127,7 +131,7 @@ def group_runs(runs: list[dict]) -> list[dict]:
     for run in runs:
         groups.setdefault(tuple(run[k] for k in GROUP_KEY), []).append(run)
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][4], kv[0][0] != "unilab", kv[0][1])):
+    for key, members in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][4], kv[0][5], kv[0][0] != "unilab", kv[0][1])):
         members.sort(key=lambda r: r["seed"])
         seeds = [r["seed"] for r in members]
         stat = lambda get: median_or_none([get(r) for r in members])  # noqa: E731
@@ -153,7 +157,7 @@ def group_runs(runs: list[dict]) -> list[dict]:
 
 def label(g: dict) -> str:
     who = "stock UniLab" if g["learner"] == "unilab" else "patched (flashsac_opt)"
-    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']}"
+    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}"
 
 
 def plot(report: dict, path: Path) -> None:
@@ -243,7 +247,7 @@ def summarize_main(args, parser) -> int:
 def training_file(cfg: tuple, learner: str, mode: str, seed: int) -> str:
     """The JSON name experiments/device/trainings.py gives the run."""
     _, u, batch, envs = cfg
-    return f"training_u{u}_b{batch}" + (f"_e{envs}" if envs != 256 else "") + f"_{learner}_{mode}_s{seed}.json"
+    return f"training_u{u}_b{batch}" + (f"_e{envs}" if envs != 256 else "") + f"_r{REPLAY_BUFFER_N}_{learner}_{mode}_s{seed}.json"
 
 
 def entry_name(cfg: tuple, learner: str, seed: int) -> str:
@@ -271,7 +275,8 @@ def toml_entries() -> str:
         for seed in SEEDS:
             for learner, mode in LEARNERS:
                 who = "stock UniLab" if learner == "unilab" else "flashsac_opt"
-                args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS), "--no-eval",
+                args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS),
+                        "--replay-buffer-n", str(REPLAY_BUFFER_N), "--learning-starts", str(LEARNING_STARTS), "--no-eval",
                         "--time-limit", "{limit}", "--out", "{out}", "--work", "{work}", f"{learner}:{mode}:{seed}"]
                 lines += ["", f"[runs.{entry_name(cfg, learner, seed)}]",
                           f"help = {q(f'time to reward: {who} {mode}, {u} updates per step, batch {batch}, {envs} envs, seed {seed}, {ITERATIONS} iterations')}",

@@ -15,8 +15,8 @@ lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
 --no-eval: no stock eval at the end (its share goes to the trainings). --stop-at-reward R: each
 training stops once its 20-iteration mean reward reaches R (time to reward needs no more).
 --throwaway: the first RUN only warms the host (OS file cache); its JSON stays under WORK. A run at other than
-256 envs has them in its name (training_u8_b2048_e4096_...), so it never takes the name of a
-256-env run of the same updates and batch.
+256 envs has them in its name (training_u8_b2048_e4096_...), and one with another replay than
+seed 001's 32 its replay_buffer_n (..._r512_...), so it never takes another run's name.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def training_command(r: dict, args, root: Path, share: int, log_root: Path, outp
     return [sys.executable, str(TRAIN), "--unilab-root", str(root / "unilab"), "--learner", r["learner"], "--mode", r["mode"],
             "--seed", str(r["seed"]), "--num-envs", str(args.envs), "--batch-size", str(args.batch), "--updates-per-step", str(r["u"]),
             "--policy-frequency", "2", "--iterations", str(args.iterations), "--summary-last", str(args.iterations // 2),
-            "--learning-starts", "8", "--replay-buffer-n", "32", "--save-interval", str(min(args.iterations, 100)),
+            "--learning-starts", str(args.learning_starts), "--replay-buffer-n", str(args.replay_buffer_n),
+            "--save-interval", str(min(args.iterations, 100)),
             "--time-limit", str(share), "--log-root", str(log_root), "--output", str(output),
             *(["--stop-at-reward", f"{args.stop_at_reward:g}"] if args.stop_at_reward is not None else []),
             *(f"--override={o}" for o in args.override)]
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--envs", type=int, default=256)
     parser.add_argument("--iterations", type=int, default=1000)
+    # seed 001's timing setup (a small replay); UniLab's own defaults are 512 and 98
+    parser.add_argument("--replay-buffer-n", type=int, default=32, help="UniLab's algo.replay_buffer_n (default 32: seed 001's timing runs)")
+    parser.add_argument("--learning-starts", type=int, default=8, help="UniLab's algo.learning_starts (default 8)")
     parser.add_argument("--time-limit", type=float, default=580.0, help="seconds for all trainings and the eval")
     parser.add_argument("--out", type=Path, required=True, help="the trainings' JSON")
     parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - time.monotonic() - planned
         eval_s = 0 if args.no_eval else EVAL_S
         share = int(r["startup"] + (left - eval_s - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
-        tag = f"u{r['u']}_b{args.batch}" + (f"_e{args.envs}" if args.envs != 256 else "")
+        tag = f"u{r['u']}_b{args.batch}" + (f"_e{args.envs}" if args.envs != 256 else "") + (f"_r{args.replay_buffer_n}" if args.replay_buffer_n != 32 else "")
         name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
         root = patched if r["learner"] == "flashsac_opt" else stock
         logs = args.work / f"logs_{name}"
