@@ -86,13 +86,12 @@ def tail_stats(rows: list[dict], key: str, last: int) -> dict | None:
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
-    base = summarize_run(path)
     report = json.loads(path.read_text())
+    base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n")}
     rows = reward_rows(report)
     env = report.get("environment", {})
     return {
-        "replay_buffer_n": report["training_config"].get("replay_buffer_n"),
-        **{k: base[k] for k in ("file", *GROUP_KEY[:-1], "seed", "iterations_planned", "iterations_logged",
+        **{k: base[k] for k in ("file", *GROUP_KEY, "seed", "iterations_planned", "iterations_logged",
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
         "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],

@@ -174,12 +174,22 @@ class FlashSACLearner:
         check_same_config(averager, {"config": config, "dims": self._dims})
         self.averager = averager
         # Every rank starts from rank 0's networks, whatever its seed.
-        averager.broadcast_(
-            [self.actor.params.data, self.actor.bn_stats, self.critic.params.data, self.critic.bn_stats,
-             self.target_critic.params.data, self.target_critic.bn_stats, self.temperature.log_temp.data]
-        )
+        averager.broadcast_(list(self.network_tensors().values()))
         self.engine = self._make_engine()
         self.broadcast_params = broadcasts_params(self.cfg.dp_broadcast_params, self.engine.compiled, self.device)
+
+    def network_tensors(self) -> dict[str, torch.Tensor]:
+        """The live network tensors (parameters, BN statistics, temperature) by name: what every
+        data-parallel rank takes from rank 0 at the start."""
+        return {
+            "actor.params": self.actor.params.data,
+            "actor.bn_stats": self.actor.bn_stats,
+            "critic.params": self.critic.params.data,
+            "critic.bn_stats": self.critic.bn_stats,
+            "target_critic.params": self.target_critic.params.data,
+            "target_critic.bn_stats": self.target_critic.bn_stats,
+            "temperature.log_temp": self.temperature.log_temp.data,
+        }
 
     def _state_tensors(self) -> list[torch.Tensor]:
         """Every tensor an iteration changes in place (all with fixed addresses)."""

@@ -148,7 +148,7 @@ def launch_two_cpu_ranks(site: Path, tmp_path: Path, iterations: int) -> tuple[l
     import torch
 
     from flashsac_opt.unilab import patch as unilab_patch
-    from unilab_tree import add_g1_placeholders
+    from unilab_tree import add_g1_placeholders, g1_cpu_training
 
     if torch.backends.cuda.is_built():
         pytest.skip("patch 0003 runs ranks on the CPU only with a CPU-only torch build (CI's)")
@@ -157,15 +157,10 @@ def launch_two_cpu_ranks(site: Path, tmp_path: Path, iterations: int) -> tuple[l
     logs = tmp_path / "logs"
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{Path(__file__).resolve().parents[1]}",
                CUDA_VISIBLE_DEVICES="slot0,slot1", WANDB_MODE="disabled")
-    overrides = [
-        "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", f"algo.max_iterations={iterations}",
-        "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
-        "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
-        "algo.algo_params.fused_update=false", "algo.algo_params.compile_cache_file=off",
-        "training.dp_collector_cpu_ids=[[0],[1]]",  # one CPU per rank's collector, whatever the host's topology
-    ]
-    code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
-    return [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides], env, logs
+    command = g1_cpu_training(scene, logs, "algo.algo_params.compile_cache_file=off",
+                              "training.dp_collector_cpu_ids=[[0],[1]]",  # one CPU per rank's collector, whatever the topology
+                              iterations=iterations)
+    return command, env, logs
 
 
 def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path):
@@ -259,8 +254,10 @@ def test_torchrun_starts_the_ranks_as_on_two_machines_and_they_meet_over_tcp(sit
 
     command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=6)
     env.pop("CUDA_VISIBLE_DEVICES")  # a machine's own GPUs; each "machine" here runs one CPU rank
+    from unilab_tree import TRAIN_CODE
+
     entry = tmp_path / "train_entry.py"  # what the `train` console script runs
-    entry.write_text("import sys\nfrom unilab.cli import train_main\nsys.argv = ['train'] + sys.argv[1:]\ntrain_main()\n")
+    entry.write_text(TRAIN_CODE + "\n")
     overrides = [a for a in command[3:] if a != "training.dp_collector_cpu_ids=[[0],[1]]"]
     port = _free_port()
     machines = []

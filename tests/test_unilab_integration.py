@@ -16,7 +16,7 @@ from flashsac_opt.unilab import patch as unilab_patch
 from flashsac_opt.cli import main as cli_main
 from flashsac_opt.testing.oracle import unilab_learner_kwargs
 
-from unilab_tree import add_g1_placeholders, copy_unilab
+from unilab_tree import add_g1_placeholders, copy_unilab, g1_cpu_training
 
 pytestmark = pytest.mark.unilab
 REPO = Path(__file__).resolve().parents[1]
@@ -181,15 +181,8 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     scene = add_g1_placeholders(site / "unilab")
     logs = tmp_path / "logs"
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled")
-    overrides = [
-        "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", "algo.max_iterations=6",
-        "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
-        "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
-        "algo.algo_params.fused_update=false", f"algo.algo_params.compile_cache_file={tmp_path / 'cc.bin'}",
-    ]
-    code = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
     proc = subprocess.run(
-        [sys.executable, "-c", code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco", *overrides],
+        g1_cpu_training(scene, logs, f"algo.algo_params.compile_cache_file={tmp_path / 'cc.bin'}"),
         env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,  # Hydra writes train_flashsac.log into the cwd
     )
     log = proc.stdout + proc.stderr

@@ -27,3 +27,19 @@ def copy_unilab(dest: Path) -> Path:
 def add_g1_placeholders(pkg: Path) -> Path:
     """`flashsac-opt unilab placeholder-meshes` on the unilab package dir pkg; the G1 scene path."""
     return placeholder_meshes(pkg).scene
+
+
+# What UniLab's `train` console script runs (a test calls it as `python -c TRAIN_CODE ...`).
+TRAIN_CODE = "import sys; from unilab.cli import train_main; sys.argv = ['train'] + sys.argv[1:]; train_main()"
+
+
+def g1_cpu_training(scene: Path, logs: Path, *overrides: str, iterations: int = 6) -> list[str]:
+    """`train --algo flashsac --task g1_walk_flat --sim mujoco` as the CPU tests run it: 16 envs,
+    batch 32, 2 updates, checkpoints every 3 iterations, flashsac_opt's learner in eager mode."""
+    import sys
+
+    return [sys.executable, "-c", TRAIN_CODE, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco",
+            "algo.num_envs=16", "algo.batch_size=32", "algo.updates_per_step=2", f"algo.max_iterations={iterations}",
+            "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
+            "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
+            "algo.algo_params.fused_update=false", *overrides]

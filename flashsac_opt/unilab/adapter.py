@@ -250,18 +250,9 @@ class UniLabFlashSACLearner:
         configuration fail here, naming the fields), then the live tensors rank 0 broadcasts."""
         if self._gradient_sync is None:
             raise RuntimeError("dp_initial_sync() needs set_gradient_sync() first (UniLab's runner calls both)")
-        learner = self.learner
-        if learner.averager is None:
-            learner.enable_data_parallel(True)
-        return {
-            "actor.params": learner.actor.params.data,
-            "actor.bn_stats": learner.actor.bn_stats,
-            "critic.params": learner.critic.params.data,
-            "critic.bn_stats": learner.critic.bn_stats,
-            "target_critic.params": learner.target_critic.params.data,
-            "target_critic.bn_stats": learner.target_critic.bn_stats,
-            "temperature.log_temp": learner.temperature.log_temp.data,
-        }
+        if self.learner.averager is None:
+            self.learner.enable_data_parallel(True)
+        return self.learner.network_tensors()
 
     # ------------------------------------------------------------ checkpoints
     def get_state_dict(self) -> dict[str, Any]:
