@@ -63,3 +63,45 @@ def test_gemm_work_scales_with_rows_and_updates(roofline):
     assert base > 0
     assert roofline.work({**small, "batch_size": 32})["gemm_flops"] == pytest.approx(2 * base)
     assert roofline.work({**small, "updates_per_step": 4})["gemm_flops"] == pytest.approx(2 * base)
+
+
+def test_inductor_byte_counts_give_each_memory_class_its_rate_and_floor(roofline):
+    by_name = {"nvjet_a": (6, 600.0), "triton_red_fused_mean_var_1": (6, 300.0),
+               "triton_poi_fused_add_rsqrt_2": (3, 90.0), "triton_poi_fused_relu_3": (3, 30.0)}
+    # GB per launch as Inductor counts them; the relu kernel has no count (e.g. an ambiguous name)
+    gb = {"triton_red_fused_mean_var_1": 0.05, "triton_poi_fused_add_rsqrt_2": 0.1}
+    classes = roofline.kernel_classes(by_name, iterations=3, gb_by_name=gb)
+    assert classes["BN statistics"]["gb"] == pytest.approx(0.1) and classes["BN statistics"]["gb_us"] == 100.0
+    assert "gb" not in classes["activations"] and "gb" not in classes["GEMM"]
+    cell = {"variant": "ours_graph", "workload": "W3", "ms_median": 1.0, "kernel_us_per_iteration": 340.0, "kernel_classes": classes}
+    peaks = {"bf16_dense_tflops": 500.0, "hbm_tb_per_s": 4.0}
+    t = roofline.table(cell, {"gemm_flops": 1.0e11}, peaks)
+    rows = {r["class"]: r for r in t["rows"]}
+    assert rows["BN statistics"]["gb_per_s_achieved"] == pytest.approx(0.1 / 100e-6)  # 1000 GB/s
+    assert rows["BN statistics"]["floor_us"] == pytest.approx(25.0)  # 0.1 GB at 4 TB/s
+    assert rows["BN apply"]["floor_us"] == pytest.approx(0.1 / 4e3 * 1e6) and rows["BN apply"]["gb_covered_share"] == 1.0
+    assert "floor_us" not in rows["activations"]
+    assert rows["GEMM"]["floor_us"] == pytest.approx(200.0)  # 1e11 FLOP at 500 TFLOP/s
+    assert t["floor_us"] == pytest.approx(200.0 + 25.0 + 25.0)
+    # without byte counts there is no whole floor, only the GEMM's
+    plain = roofline.table({**cell, "kernel_classes": roofline.kernel_classes(by_name, 3)}, {"gemm_flops": 1.0e11}, peaks)
+    assert plain["floor_us"] is None and plain["gemm_floor_us"] == pytest.approx(200.0)
+
+
+@pytest.mark.gpu
+def test_inductor_counts_the_bytes_of_a_generated_kernel(roofline):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch._inductor import config
+
+    n = 1 << 20
+    torch._dynamo.reset()
+    with config.patch(benchmark_kernel=True, force_disable_caches=True):
+        fn = torch.compile(lambda x, y: torch.relu(x * 3.0 + y))
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        torch.testing.assert_close(fn(x, y), torch.relu(x * 3.0 + y))
+    gb, ambiguous = roofline.inductor_kernel_gb()
+    ours = [name for name in gb if name.startswith("triton_poi_fused_add_mul_relu")]
+    assert ours, f"no generated kernel with a byte count among {sorted(gb)[:20]} (ambiguous: {ambiguous})"
+    assert gb[ours[-1]] == pytest.approx(3 * n * 4 / 1e9)  # two fp32 inputs read, one output written

@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
-from bench.roofline import kernel_classes  # noqa: E402
+from bench.roofline import inductor_kernel_gb, kernel_classes, measure_peaks  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -245,6 +245,9 @@ def ratios(cells: list[dict]) -> list[dict]:
     return out
 
 
+KERNEL_BYTES = False  # --kernel-bytes: Inductor's byte count per generated kernel (bench/roofline.py)
+
+
 def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -267,6 +270,8 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
         elif any(evt.name.startswith(api) for api in launch_apis):
             launches += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
+    gb_by_name, ambiguous = inductor_kernel_gb() if KERNEL_BYTES else (None, [])
+    bytes_fields = {"kernel_bytes_ambiguous": [n for n in ambiguous if n in by_name]} if KERNEL_BYTES else {}
     return {
         "kernels_per_iteration": kernels / iterations,
         "launches_per_iteration": launches / iterations,
@@ -274,7 +279,8 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
         "kernels_under_5us_per_iteration": sum(c for c, t in by_name.values() if t / max(c, 1) < 5.0) / iterations,
         "top_kernels": [{"name": n[:120], "count_per_iteration": c / iterations, "us_per_iteration": t / iterations} for n, (c, t) in top],
         # every kernel, by class (bench/roofline.py's map of where the GPU time goes)
-        "kernel_classes": kernel_classes({n: (c, t) for n, (c, t) in by_name.items()}, iterations),
+        "kernel_classes": kernel_classes({n: (c, t) for n, (c, t) in by_name.items()}, iterations, gb_by_name),
+        **bytes_fields,
     }
 
 
@@ -396,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel count")
+    parser.add_argument("--kernel-bytes", action="store_true",
+                        help="compile with Inductor's per-kernel byte counts (benchmark_kernel) and measure the GPU's copy and "
+                             "GEMM peaks, for bench/roofline.py (changes Inductor's cache key: cold starts are not comparable)")
     parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Inductor option for flashsac_opt's variants (VALUE parsed as JSON), e.g. coordinate_descent_tuning=true")
     parser.add_argument("--note", default="", help="free text stored in the JSON (e.g. the Inductor cache state)")
@@ -413,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
             INDUCTOR_OPTIONS[key] = json.loads(value)
         except json.JSONDecodeError:
             INDUCTOR_OPTIONS[key] = value
+    if args.kernel_bytes:
+        import torch
+
+        global KERNEL_BYTES
+        KERNEL_BYTES = True
+        torch._inductor.config.benchmark_kernel = True  # every generated Triton kernel records kernel_num_gb
     if any(v.startswith("unilab") for v in args.variants):
         try:
             import unilab.rl.algos.flash_sac.learner  # noqa: F401
@@ -421,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "experiment": "benchmark_learner",
         "timed": "host clock around: update phase + metrics read (D2H) + current-stream synchronize; batch pre-sampled",
-        "environment": environment(),
+        "environment": {**environment(), **({"measured_peaks": measure_peaks()} if args.kernel_bytes else {})},
         "command": " ".join(["python", *sys.argv]),
         "inductor_options": INDUCTOR_OPTIONS,
         "note": args.note,

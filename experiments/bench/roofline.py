@@ -10,10 +10,17 @@ role, decided by the ops in its generated name (first rule that matches wins).
 
 The GEMM work per iteration is counted exactly on the CPU with the same learner code in eager
 mode (`work`, torch.utils.flop_counter): the GEMM class's achieved TFLOP/s and its floor at the
-dense bf16 peak follow. The other classes are memory-bound; torch.profiler gives no bytes per
-kernel, so their achieved GB/s is not derived here (an unfused eager byte count was tried and
-is meaningless after Inductor's fusion: 81 GB per W3 iteration); their floor is left to a
-per-kernel byte count on the GPU.
+dense bf16 peak follow. The other classes are memory-bound. torch.profiler gives no bytes per
+kernel (and an unfused eager byte count is meaningless after Inductor's fusion: 81 GB per W3
+iteration), so the bytes come from Inductor itself: compiled with
+`torch._inductor.config.benchmark_kernel` on (`benchmark_learner.py --kernel-bytes`), every
+generated Triton kernel carries `kernel_num_gb`, Inductor's count of the bytes its inputs and
+outputs take (each read or written once: the fewest the fused kernel must move).
+`inductor_kernel_gb` reads them from the loaded kernels; each class then gets its GB per
+iteration, the GB/s it achieves over the time of the kernels with a count, and the floor of
+those bytes at the HBM bandwidth. Vendor kernels (cuBLAS, ATen) have no count. The peaks the
+floors use are measured on the same GPU when the benchmark ran with --kernel-bytes
+(`measure_peaks`: a 1-GiB device copy, an 8192^3 bf16 GEMM), else the datasheet's.
 
     python experiments/bench/roofline.py --input results/learner_benchmark/benchmark_learner_side_by_side_W3_W4.json \\
         --variant ours_graph --output results/roofline/roofline_W3_W4.json --plot results/roofline/roofline_W3_W4.png
@@ -32,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 
-H200_PEAKS = {"bf16_dense_tflops": 989.0, "hbm_tb_per_s": 4.8}  # NVIDIA H200 SXM datasheet (HBM: for the GPU run to come)
+H200_PEAKS = {"bf16_dense_tflops": 989.0, "hbm_tb_per_s": 4.8}  # NVIDIA H200 SXM datasheet
 CLASSES = ("GEMM", "BN statistics", "BN apply", "activations", "renormalization", "optimizer", "other")
 _RULES = (  # (class, pattern over the kernel name): the first match wins
     ("optimizer", r"^Optimizer\.step|lerp.*(addcmul|sqrt)|addcmul.*lerp|_fused_adam|multi_tensor_apply"),
@@ -51,14 +58,67 @@ def classify(name: str) -> str:
     return "other"
 
 
-def kernel_classes(by_name: dict[str, tuple[float, float]], iterations: int) -> dict[str, dict[str, float]]:
-    """{class: {kernels, us}} per iteration from {kernel name: (count, device us)} of a profile."""
+def kernel_classes(by_name: dict[str, tuple[float, float]], iterations: int,
+                   gb_by_name: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """{class: {kernels, us}} per iteration from {kernel name: (count, device us)} of a profile;
+    with ``gb_by_name`` (`inductor_kernel_gb`) also the GB the class moves per iteration and
+    the time of the kernels that count covers (``gb_us``)."""
     out = {c: {"kernels": 0.0, "us": 0.0} for c in CLASSES}
     for name, (count, us) in by_name.items():
         row = out[classify(name)]
         row["kernels"] += count / iterations
         row["us"] += us / iterations
+        if gb_by_name is not None and name in gb_by_name:
+            row["gb"] = row.get("gb", 0.0) + gb_by_name[name] * count / iterations
+            row["gb_us"] = row.get("gb_us", 0.0) + us / iterations
     return out
+
+
+def inductor_kernel_gb() -> tuple[dict[str, float], list[str]]:
+    """({kernel name: GB per launch}, [ambiguous names]) for the Triton kernels Inductor has
+    loaded in this process, by its own count (`kernel_num_gb`: present only for kernels compiled
+    with torch._inductor.config.benchmark_kernel on). A name two generated modules give
+    different counts (kernel names are unique within one graph, not across graphs) is left out
+    and listed as ambiguous rather than guessed."""
+    from torch._inductor.codecache import PyCodeCache
+
+    seen: dict[str, set[float]] = {}
+    for module in list(PyCodeCache.modules) + list(PyCodeCache.modules_no_attr.values()):
+        for value in list(vars(module).values()):
+            meta = getattr(value, "inductor_meta", None)
+            if isinstance(meta, dict) and meta.get("kernel_num_gb") is not None and meta.get("kernel_name"):
+                seen.setdefault(meta["kernel_name"], set()).add(round(float(meta["kernel_num_gb"]), 12))
+    gb = {name: values.pop() for name, values in seen.items() if len(values) == 1}
+    return gb, sorted(name for name, values in seen.items() if len(values) > 1)
+
+
+def measure_peaks(device: str = "cuda") -> dict[str, float]:
+    """The two ceilings on this GPU (device events, median of 20 after warm-up): HBM TB/s of a
+    1-GiB device-to-device copy (bytes read + written) and TFLOP/s of an 8192^3 bf16 GEMM on
+    random data (zeros run faster than real data)."""
+    import torch
+
+    def median_ms(fn, reps: int = 20) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    src = torch.randn(2**28, device=device)  # 1 GiB of fp32
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src))
+    n = 8192
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    gemm_ms = median_ms(lambda: a @ b)
+    del src, dst, a, b
+    return {"hbm_tb_per_s": 2 * 2**30 / (copy_ms * 1e-3) / 1e12, "bf16_dense_tflops": 2 * n**3 / (gemm_ms * 1e-3) / 1e12}
 
 
 def work(workload: dict) -> dict[str, float]:
@@ -96,16 +156,24 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
     rows = []
     for name in CLASSES:
         us = classes[name]["us"]
-        rows.append({"class": name, "kernels": classes[name]["kernels"], "us": us, "share_of_kernel_time": us / total if total else None})
+        row = {"class": name, "kernels": classes[name]["kernels"], "us": us, "share_of_kernel_time": us / total if total else None}
+        if classes[name].get("gb_us"):  # Inductor's byte count covers (part of) this class
+            gb, gb_us = classes[name]["gb"], classes[name]["gb_us"]
+            row.update(gb=gb, gb_covered_share=gb_us / us, gb_per_s_achieved=gb / (gb_us * 1e-6),
+                       floor_us=gb / (peaks["hbm_tb_per_s"] * 1e3) * 1e6)  # of the counted kernels only
+        rows.append(row)
     gemm = rows[0]
     gemm["tflops_achieved"] = counts["gemm_flops"] / (gemm["us"] * 1e-6) / 1e12 if gemm["us"] else None
     gemm["floor_us"] = counts["gemm_flops"] / (peaks["bf16_dense_tflops"] * 1e12) * 1e6
     if source == "top_kernels":  # GEMMs outside the top 40 are missing from its time
         gemm["tflops_achieved_is_upper_bound"] = True
+    memory_floor = [r["floor_us"] for r in rows[1:] if "floor_us" in r]
     return {
         "variant": cell["variant"], "workload": cell["workload"], "ms_median": cell["ms_median"],
         "kernel_us_per_iteration": total, "source": source, "coverage": covered / total if total else None,
-        "rows": rows, "work": counts, "gemm_floor_us": gemm["floor_us"],
+        "rows": rows, "work": counts, "peaks": peaks, "gemm_floor_us": gemm["floor_us"],
+        # the GEMM FLOPs at peak plus every counted byte at HBM speed, one after the other
+        "floor_us": gemm["floor_us"] + sum(memory_floor) if memory_floor else None,
     }
 
 
@@ -125,7 +193,10 @@ def plot(report: dict, path: Path) -> None:
         ax.barh(labels, rest, left=left, label="not classified (outside the top 40)", color="lightgrey")
     for i, c in enumerate(cells):
         ax.plot([c["gemm_floor_us"] / 1e3] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2)
-    plotting.finish_axis(ax, "GPU kernel time per learner iteration (ms); black tick: the GEMM FLOPs at the bf16 peak",
+        if c.get("floor_us"):
+            ax.plot([c["floor_us"] / 1e3] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2, linestyle=":")
+    plotting.finish_axis(ax, "GPU kernel time per learner iteration (ms); black tick: the GEMM FLOPs at the bf16 peak; "
+                         "dotted: plus the counted bytes at HBM speed",
                          "", "Kernel time by class (H200)", legend=False)
     ax.legend(fontsize=8, loc="lower right")
     plotting.save(fig, path)
@@ -147,11 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         parser.error(f"{args.input}: no profiled cell of {variants}")
     counted = {w: work(WORKLOADS[w]) for w in sorted({c["workload"] for c in cells})}
+    measured = (bench.get("environment") or {}).get("measured_peaks")
+    peaks = measured or H200_PEAKS
     report = {
         "experiment": "roofline",
         "what": "kernel time by class from the benchmark's profile (measured on the GPU it names), work per iteration counted on this machine's CPU",
-        "input": str(args.input), "gpu_environment": bench.get("environment"), "peaks": H200_PEAKS,
-        "cells": [table(c, counted[c["workload"]]) for c in cells],
+        "input": str(args.input), "gpu_environment": bench.get("environment"), "peaks": peaks,
+        "peaks_source": "measured on the benchmark's GPU (measure_peaks)" if measured else "NVIDIA H200 SXM datasheet",
+        "cells": [table(c, counted[c["workload"]], peaks) for c in cells],
         "command": " ".join(["python", *sys.argv]),
     }
     write_report(report, args.output, plot if args.plot else None, args.plot)
@@ -159,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         g = c["rows"][0]
         print(f"{c['workload']} {c['variant']}: {c['kernel_us_per_iteration']:.0f} us of kernels ({c['coverage']:.0%} classified); "
               f"GEMM {g['us']:.0f} us at {g['tflops_achieved'] or 0:.0f} TFLOP/s (floor {g['floor_us']:.0f} us); "
-              + ", ".join(f"{r['class']} {r['us']:.0f}" for r in c["rows"][1:] if r["us"]))
+              + ", ".join(f"{r['class']} {r['us']:.0f}" + (f" ({r['gb_per_s_achieved']:.0f} GB/s)" if "gb_per_s_achieved" in r else "")
+                          for r in c["rows"][1:] if r["us"])
+              + (f"; floor {c['floor_us']:.0f} us" if c.get("floor_us") else ""))
     return 0
 
 
