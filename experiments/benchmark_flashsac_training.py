@@ -8,7 +8,9 @@ reads the run's TensorBoard events and writes JSON:
   panel sums them), iter_ms (Perf/iteration_time: runner iteration wall time) and reward;
 - rows: the summarized tail (--summary-last N, or all after --skip-first N);
 - learner_train_ms / collector_cycle_ms / iter_ms: mean, median, p90, p95 over `rows`;
-- training_config: critic, actor and temperature updates per iteration; environment; command.
+- training_config: critic, actor and temperature updates per iteration; environment; command;
+- startup_timeline (flashsac_opt's learner only): seconds from launch to the learner's
+  construction, its start-up compile, the first update's start and end.
 
     python experiments/benchmark_flashsac_training.py --learner flashsac_opt --mode graph \\
         --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
@@ -135,6 +137,38 @@ class RewardWatch:
         rewards = [e.value for e in sorted(self.events.Scalars(self.TAG), key=lambda e: e.step)]
         means = moving_mean(rewards[-self.window:], self.window)
         return bool(means) and means[-1] >= self.threshold
+
+
+STARTUP_EVENTS = "startup_events.jsonl"  # under --log-root; flashsac_opt's learner writes it (adapter.STARTUP_EVENTS_ENV)
+
+
+def startup_timeline(path: Path, launched: float) -> dict | None:
+    """Seconds from launch to each start-up milestone flashsac_opt's learner logged (its first
+    occurrence; with data parallel, the first rank's), with what the milestone carried (e.g.
+    the compile-ahead child's seconds and the first update's wait for it). None for a run that
+    logged none (stock UniLab's learner)."""
+    if not path.exists():
+        return None
+    timeline: dict = {}
+    for line in path.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a killed process
+            continue
+        name = event.pop("event", None)
+        if not name or f"{name}_s" in timeline:
+            continue
+        timeline[f"{name}_s"] = round(event.pop("time") - launched, 3)
+        event.pop("pid", None)
+        if event:
+            timeline[name] = event
+    return timeline
+
+
+def describe_timeline(timeline: dict | None) -> str:
+    if not timeline:
+        return "no start-up milestones logged"
+    return ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s" for k, v in timeline.items() if k.endswith("_s"))
 
 
 def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None,
@@ -282,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, "-c", code, "--algo", "flashsac", "--task", args.task, "--sim", args.backend, *overrides]
     # UniLab's Rich panel goes straight to this terminal: the run's progress display.
     # cwd: Hydra writes train_flashsac.log into the working directory; keep it with the run.
+    events = log_root / STARTUP_EVENTS
+    events.unlink(missing_ok=True)
+    env["FLASHSAC_OPT_STARTUP_EVENTS"] = str(events)
     cache = inductor_cache_at_launch()
     launched = time.time()
     watch = None if args.stop_at_reward is None else RewardWatch(log_root, args.stop_at_reward)
@@ -292,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {returncode})")
     run_dir = runs[-1].parent
     rows_all = read_rows(run_dir, launched)
+    timeline = startup_timeline(events, launched)
     if not rows_all:
-        fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped})")
+        fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped}); "
+             f"start-up since launch: {describe_timeline(timeline)}")
     last = None
     if args.skip_first is not None:
         rows = rows_all[args.skip_first :]
@@ -343,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         # warm: an earlier compile left Inductor's cache non-empty, so the first update's
         # wall_s is a warm start (28-30 s on the H200 against 100-140 s cold for graph mode)
         "inductor_cache_at_launch": cache,
+        # seconds from launch to flashsac_opt's start-up milestones (learner constructed, the
+        # start-up compile in prepare_for_collection, the first update's start and end): UniLab's
+        # own start against the compile and capture; None for stock UniLab
+        "startup_timeline": timeline,
         "timed": {
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
             "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",

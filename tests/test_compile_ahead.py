@@ -100,7 +100,7 @@ def test_switch_and_devices_that_start_no_child(monkeypatch):
     assert not compile_ahead.enabled()
 
 
-def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch):
+def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):
     from test_unilab_integration import _unilab_kwargs
 
     from flashsac_opt.testing.oracle import synthetic_batch
@@ -113,6 +113,8 @@ def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the
         return started[-1]
 
     monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(start_on_cpu))
+    events = tmp_path / "startup_events.jsonl"  # the start-up timeline the training benchmark reads
+    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
     kwargs = _unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2)
     learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager", **kwargs)
     (child,) = started
@@ -129,6 +131,12 @@ def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the
     assert learner.compile_ahead_report["rows"] == 64
     assert learner.learner.engine.fused_update is not None and learner.learner.iterations == 1
     assert torch.isfinite(learner.learner.critic.params).all()
+    learner.update_cycle(batch, updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    logged = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "first_update_start",
+                                            "compile_ahead_done", "first_update_end"]  # the second update adds nothing
+    assert logged[0]["compile_ahead"] and logged[3]["ok"] and logged[3]["child_s"] > 0
+    assert [e["time"] for e in logged] == sorted(e["time"] for e in logged)
 
 
 def test_unilab_runs_use_the_keyed_compile_cache_file_unless_turned_off():
@@ -189,7 +197,7 @@ def test_parallel_compile_sets_inductors_workers_inside_and_restores_them():
     assert config.compile_threads == before
 
 
-def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab, monkeypatch):
+def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab, monkeypatch, tmp_path):
     # UniLab's thread budget sets Inductor to one compile worker below 64 CPUs; the start-up
     # compile (before the collector exists) must not be serialized by it.
     from torch._inductor import config
@@ -198,6 +206,8 @@ def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab
 
     from flashsac_opt.unilab import adapter
 
+    events = tmp_path / "startup_events.jsonl"
+    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
     learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
                                            **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
     seen = []
@@ -211,3 +221,6 @@ def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab
     with config.patch(compile_threads=1):  # as UniLab leaves it
         learner.prepare_for_collection(Context())
         assert seen == [compile_ahead.available_cpus()] and config.compile_threads == 1
+    # the start-up compile's span is on the timeline
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
+        "learner_constructed", "prepare_for_collection_start", "prepare_for_collection_end"]

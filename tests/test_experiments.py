@@ -136,6 +136,11 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"
     # the Inductor cache the training found at launch (set above): one file there, so a warm start
     assert report["inductor_cache_at_launch"] == {"dir": str(cache), "files": 1, "warm": True}
+    # the learner's start-up milestones, in order, before the first iteration's event
+    t = report["startup_timeline"]
+    assert t["learner_constructed"] == {"compile_ahead": False, "learner_mode": "eager"}
+    assert 0 < t["learner_constructed_s"] <= t["first_update_start_s"] <= t["first_update_end_s"] <= walls[0]
+    assert "prepare_for_collection_start_s" not in t  # eager: nothing to compile before collection
 
 
 def test_replay_stability_short_cpu_run(tmp_path):

@@ -19,9 +19,12 @@ Metric names are UniLab's registered tags only: UniLab's logger rejects any othe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,10 @@ from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_d
 # Set to "PATH:N" to save the first N large batches the runtime hands to update_cycle (real
 # replay samples, moved to CPU) to PATH: the input of experiments/validate_replay_stability.py.
 RECORD_REPLAY_ENV = "FLASHSAC_OPT_RECORD_REPLAY"
+# Set to a file path to have the learner append its start-up milestones there, one JSON line
+# each (event, unix time, pid): the training benchmark's start-up timeline, which tells UniLab's
+# own start from the compile and capture in a run's launch -> first update.
+STARTUP_EVENTS_ENV = "FLASHSAC_OPT_STARTUP_EVENTS"
 # The sections of a checkpoint that stock UniLab's eval and resume load: the networks.
 CHECKPOINT_NETWORKS = ("actor", "critic", "target_critic", "temperature")
 UNILAB_CYCLE_METRICS = ("Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature")
@@ -51,6 +58,14 @@ def unilab_compile_cache_file(value: Any) -> str | None:
         return compile_cache.AUTO
     text = str(value).strip()
     return None if text.lower() in ("off", "none", "null", "false", "") else text
+
+
+def startup_event(event: str, **extra: Any) -> None:
+    """Append one start-up milestone to the file FLASHSAC_OPT_STARTUP_EVENTS names (nothing without it)."""
+    path = os.environ.get(STARTUP_EVENTS_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **extra}) + "\n")
 
 
 def build_unilab_learner(*, device: str | torch.device, learner_mode: str = "graph", **learner_kwargs: Any) -> "UniLabFlashSACLearner":
@@ -105,6 +120,22 @@ class UniLabFlashSACLearner:
         self.compile_backend = self.cfg.compile_backend if self.use_compile else "eager"
         self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
         self._recorder = ReplayRecorder.from_env()
+        self._first_update_seen = False
+        startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=learner_mode)
+
+    @contextlib.contextmanager
+    def _first_update(self):
+        """Marks the first learner update's start and end (compile-ahead wait, compile and capture
+        included) for the start-up timeline; every later update passes straight through."""
+        if self._first_update_seen:
+            yield
+            return
+        self._first_update_seen = True
+        startup_event("first_update_start")
+        yield
+        if os.environ.get(STARTUP_EVENTS_ENV) and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # once, and only when the timeline is asked for
+        startup_event("first_update_end")
 
     # ------------------------------------------------------------ whole cycle
     @property
@@ -127,11 +158,12 @@ class UniLabFlashSACLearner:
         read_metrics: bool = False,
     ) -> None:
         del read_metrics  # metrics are always deferred to read_deferred_cycle_metrics
-        self._finish_compile_ahead()
-        if self._recorder is not None:
-            self._recorder.add(large_batch)
-        self._set_schedule(target_frequency, policy_before_critic)
-        self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+        with self._first_update():
+            self._finish_compile_ahead()
+            if self._recorder is not None:
+                self._recorder.add(large_batch)
+            self._set_schedule(target_frequency, policy_before_critic)
+            self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
 
     def _finish_compile_ahead(self) -> None:
         """Once, before the first compile in this process: wait for the compile-ahead child."""
@@ -140,6 +172,8 @@ class UniLabFlashSACLearner:
         ahead, self._compile_ahead = self._compile_ahead, None
         compiled = ahead.wait()
         self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s}
+        startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s,
+                      child_s=(ahead.report or {}).get("seconds"))
         if compiled:
             print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
                   f"waited {ahead.waited_s:.1f} s for it", flush=True)
@@ -150,8 +184,9 @@ class UniLabFlashSACLearner:
 
     # ------------------------------------------------------------ per update
     def update_critic(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
-        self._finish_compile_ahead()
-        self.learner.step_critic(batch)
+        with self._first_update():
+            self._finish_compile_ahead()
+            self.learner.step_critic(batch)
         if not read_metrics:
             return {}
         m = self.learner.single_update_metrics()
@@ -161,8 +196,9 @@ class UniLabFlashSACLearner:
         return out
 
     def update_actor(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
-        self._finish_compile_ahead()
-        self.learner.step_actor(batch)
+        with self._first_update():
+            self._finish_compile_ahead()
+            self.learner.step_actor(batch)
         return self.read_deferred_actor_metrics() if read_metrics else {}
 
     def read_deferred_actor_metrics(self) -> dict[str, float]:
@@ -197,6 +233,7 @@ class UniLabFlashSACLearner:
             return
         if self._compile_ahead is not None and self._compile_ahead.running:
             self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
+            startup_event("prepare_for_collection_deferred")
             return
         self._finish_compile_ahead()
         batch = getattr(warmup_context, "replay_batch", None)
@@ -208,9 +245,11 @@ class UniLabFlashSACLearner:
             )
         self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
         iterations = self.learner.iterations
+        startup_event("prepare_for_collection_start")
         with self.learner.engine.preserved(), parallel_compile():  # the collector is not running yet
             self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
+        startup_event("prepare_for_collection_end")
 
     # ------------------------------------------------------------ data parallel (training.devices=[...])
     def set_gradient_sync(self, sync: Any) -> None:
