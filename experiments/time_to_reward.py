@@ -160,32 +160,40 @@ def label(g: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    """Reward (moving mean) vs wall clock since launch: one colour per configuration, the
-    min-max band over its seeds (plot_time_reward's band), each seed as a thin line."""
+    """Reward (moving mean) against the wall clock, one colour per configuration. Left: since
+    launch, each seed its own line (start-up included; cold and warm starts differ by a minute,
+    so seeds hardly overlap there and a band would be one run). Right: since each run's first
+    update, the mean where all seeds run and the min-max band over them (plot_time_reward's
+    band): the spread of the training itself."""
     import matplotlib
 
-    fig, ax = plotting.subplots(figsize=(11, 7))
+    fig, (launch_ax, update_ax) = plotting.subplots(1, 2, figsize=(16, 7), sharey=True)
     runs = {r["file"]: r for r in report["runs"]}
-    colors = matplotlib.colormaps["tab20"].colors  # tab10, the default cycle, repeats past ten configurations
+    colors = matplotlib.colormaps["tab20"].colors  # the default cycle (tab10) repeats past ten configurations
     for i, g in enumerate(report["groups"]):
         curves = [(np.array(runs[f]["curve"]["wall_s"]), np.array(runs[f]["curve"]["reward_moving_mean"])) for f in g["files"]]
         curves = [c for c in curves if len(c[0])]
         if not curves:
             continue
-        b = band(curves, 200)
-        color = plotting.line_with_band(ax, b["grid_s"], b["mean"], b["min"], b["max"],
-                                        f"{g['label']} ({g['count']} seed{'s' if g['count'] != 1 else ''}"
-                                        f"{'' if g['enough_seeds'] else ', too few'})", color=colors[i % len(colors)])
-        for t, r in curves:  # each seed: where the seeds do not overlap in time, the mean line is absent
-            ax.plot(t, r, color=color, linewidth=0.9, alpha=0.7)
-    for t in THRESHOLDS:
-        ax.axhline(t, color="grey", linestyle=":", linewidth=0.8)
-    ax.set_xlim(left=0)
-    plotting.finish_axis(ax, "wall clock since UniLab's train was launched (s): start-up and compile included",
-                         f"{TAG}, {WINDOW}-iteration moving mean",
-                         "G1 walk flat, MuJoCo: reward vs wall clock\n(line: mean where all seeds run; band: min-max over seeds; thin: each seed)",
-                         legend=False)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        color = colors[(2 * i) % 20 + (i // 10) % 2]  # tab20's strong colours first (its pairs are near in hue)
+        name = f"{g['label']} ({g['count']} seed{'s' if g['count'] != 1 else ''}{'' if g['enough_seeds'] else ', too few'})"
+        for k, (t, r) in enumerate(curves):
+            launch_ax.plot(t, r, color=color, linewidth=1.0, label=name if k == 0 else None)
+        since = [(t - t[0], r) for t, r in curves]
+        b = band(since, 200)
+        plotting.line_with_band(update_ax, b["grid_s"], b["mean"], b["min"], b["max"], name, color=color)
+        for t, r in since:
+            update_ax.plot(t, r, color=color, linewidth=0.6, alpha=0.5)
+    for ax in (launch_ax, update_ax):
+        for t in THRESHOLDS:
+            ax.axhline(t, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_xlim(left=0)
+    plotting.finish_axis(launch_ax, "wall clock since UniLab's train was launched (s): start-up and compile included",
+                         f"{TAG}, {WINDOW}-iteration moving mean", "since launch (each line one seed)", legend=False)
+    plotting.finish_axis(update_ax, "wall clock since the run's first learner update (s)", "",
+                         "since the first update (line: mean where all seeds run; band: min-max)", legend=False)
+    launch_ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("G1 walk flat, MuJoCo: reward vs wall clock")
     plotting.save(fig, path)
 
 
