@@ -40,15 +40,16 @@ THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
 GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n")
 
-# The matrix: (name, updates per step, batch, envs), in the order device time goes to them.
-CONFIGS = (("u64", 64, 256, 256), ("u8", 8, 256, 256), ("u32", 32, 256, 256), ("u128", 128, 256, 256),
-           ("g1_default", 8, 2048, 4096))
+# Replay (replay_buffer_n, learning_starts): FlashSAC's defaults (UniLab's conf/flashsac/config.yaml)
+# at 256 envs, where every U64 seed reached reward 30 in ~950 iterations (seed 001's 32 and 8 reached
+# no 20 in 1405); UniLab's G1 default is the G1 task's own configuration, its replay included.
+FLASHSAC_REPLAY, G1_TASK_REPLAY = (512, 98), (256, 49)
+# The matrix: (name, updates per step, batch, envs, replay), in the order device time goes to them.
+CONFIGS = (("u64", 64, 256, 256, FLASHSAC_REPLAY), ("u8", 8, 256, 256, FLASHSAC_REPLAY), ("u32", 32, 256, 256, FLASHSAC_REPLAY),
+           ("u128", 128, 256, 256, FLASHSAC_REPLAY), ("g1_default", 8, 2048, 4096, G1_TASK_REPLAY))
 LEARNERS = (("unilab", "graph"), ("flashsac_opt", "graph"))  # stock UniLab's default learner vs the patched one
 SEEDS = (1, 2, 3)
 ITERATIONS = 1500
-# UniLab's own replay defaults (conf/flashsac/config.yaml): seed 001's timing runs used 32 and 8,
-# with which 64 updates per iteration learned at about a third of the rate issue 17 reports
-REPLAY_BUFFER_N, LEARNING_STARTS = 512, 98
 ENTRY_LIMIT_S = 555  # one training: cold start-up (<= ~250 s) + 1500 iterations (<= ~240 s at U128)
 JOBS_LIMIT_S = 570
 TOML_BEGIN = "# time_to_reward.py plan --toml: begin (generated; edit the matrix there, then paste it again)"
@@ -253,8 +254,8 @@ def summarize_main(args, parser) -> int:
 
 def training_file(cfg: tuple, learner: str, mode: str, seed: int) -> str:
     """The JSON name experiments/device/trainings.py gives the run."""
-    _, u, batch, envs = cfg
-    return f"training_u{u}_b{batch}" + (f"_e{envs}" if envs != 256 else "") + f"_r{REPLAY_BUFFER_N}_{learner}_{mode}_s{seed}.json"
+    _, u, batch, envs, (replay_n, _) = cfg
+    return f"training_u{u}_b{batch}" + (f"_e{envs}" if envs != 256 else "") + f"_r{replay_n}_{learner}_{mode}_s{seed}.json"
 
 
 def entry_name(cfg: tuple, learner: str, seed: int) -> str:
@@ -278,12 +279,12 @@ def toml_entries() -> str:
              "# No log file comes back (a call returns at most 8 files: four JSON and runs.json fill an x4 call);",
              "# trainings.py prints each training's last lines, and a failed one's traceback, to the console."]
     for cfg in CONFIGS:
-        name, u, batch, envs = cfg
+        name, u, batch, envs, (replay_n, learning_starts) = cfg
         for seed in SEEDS:
             for learner, mode in LEARNERS:
                 who = "stock UniLab" if learner == "unilab" else "flashsac_opt"
                 args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS),
-                        "--replay-buffer-n", str(REPLAY_BUFFER_N), "--learning-starts", str(LEARNING_STARTS), "--no-eval",
+                        "--replay-buffer-n", str(replay_n), "--learning-starts", str(learning_starts), "--no-eval",
                         "--time-limit", "{limit}", "--out", "{out}", "--work", "{work}", f"{learner}:{mode}:{seed}"]
                 lines += ["", f"[runs.{entry_name(cfg, learner, seed)}]",
                           f"help = {q(f'time to reward: {who} {mode}, {u} updates per step, batch {batch}, {envs} envs, seed {seed}, {ITERATIONS} iterations')}",
@@ -305,7 +306,7 @@ def plan_main(args) -> int:
     print(f"Time-to-reward matrix: {len(CONFIGS)} configurations x {len(LEARNERS)} learners x {len(SEEDS)} seeds, "
           f"{ITERATIONS} iterations at most; device calls in order (one command each, at most {JOBS_LIMIT_S} s):")
     for cfg in CONFIGS:
-        _, u, batch, envs = cfg
+        _, u, batch, envs, _ = cfg
         for run, kind, jobs in job_groups(cfg):
             print(f"  [{kind}] python3 experiments/device/run.py {run}    # U{u} B{batch} E{envs}: {', '.join(jobs)}")
     print("Check one first: python experiments/device/run.py --dry-run RUN; then summarize the returned JSON:")

@@ -167,9 +167,10 @@ def test_runs_toml_holds_the_planned_entries_and_the_driver_shows_their_commands
         for seed in (1, 2):
             line = next(x for x in dry.stdout.splitlines() if f"[training_u64_b256_r512_{learner}_graph_s{seed}]" in x)
             assert f"--learner {learner} --mode graph --seed {seed} --num-envs 256 --batch-size 256 --updates-per-step 64" in line
-            assert "--iterations 1500" in line and "--learning-starts 98 --replay-buffer-n 512" in line  # UniLab's replay defaults
+            assert "--iterations 1500" in line and "--learning-starts 98 --replay-buffer-n 512" in line  # FlashSAC's replay defaults
     assert dry.stdout.count("taskset -c <physical cores") == 4 and "stock eval" not in dry.stdout
     default = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", "ttr_g1_default_s3_x2"], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
-    assert "training_u8_b2048_e4096_r512_unilab_graph_s3.json" in default.stdout
+    assert "training_u8_b2048_e4096_r256_unilab_graph_s3.json" in default.stdout
     assert "--num-envs 4096 --batch-size 2048 --updates-per-step 8" in default.stdout
+    assert "--learning-starts 49 --replay-buffer-n 256" in default.stdout  # the G1 task's own replay
