@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ from report.summarize_trainings import summarize_run  # noqa: E402
 WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
-GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n")
+GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n", "carrier")
 
 # Replay (replay_buffer_n, learning_starts): FlashSAC's defaults (UniLab's conf/flashsac/config.yaml)
 # at 256 envs, where every U64 seed reached reward 30 in ~950 iterations (seed 001's 32 and 8 reached
@@ -84,11 +85,18 @@ def tail_stats(rows: list[dict], key: str, last: int) -> dict | None:
     return {"median": percentile(values, 0.5), "p90": percentile(values, 0.9), "count": len(values)}
 
 
+def carrier(report: dict) -> str:
+    """UniLab's collector tensor carrier the run asked for (`training.collector_tensor_device`):
+    "default" (UniLab's auto: the learner's CUDA device) unless an override named one."""
+    found = re.findall(r"training\.collector_tensor_device=(\w+)", report.get("unilab_command") or "")
+    return found[-1] if found and found[-1] != "auto" else "default"
+
+
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
     report = json.loads(path.read_text())
-    base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n")}
+    base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n"), "carrier": carrier(report)}
     rows = reward_rows(report)
     env = report.get("environment", {})
     return {
@@ -157,7 +165,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
 
 def label(g: dict) -> str:
     who = "stock UniLab" if g["learner"] == "unilab" else "patched (flashsac_opt)"
-    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}"
+    carried = "" if g.get("carrier", "default") == "default" else f", {g['carrier'].upper()} carrier"
+    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}{carried}"
 
 
 def plot(report: dict, path: Path) -> None:

@@ -5,6 +5,7 @@ holds them, the driver's dry run shows their commands)."""
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,10 @@ def test_median_over_seeds_counts_a_seed_that_never_got_there_as_latest():
     assert ttr.median_or_none([]) is None
 
 
-def fake_run(tmp_path, learner, seed, rewards, updates=64, stopped=False):
+def fake_run(tmp_path, learner, seed, rewards, updates=64, stopped=False, carrier=None):
     report = copy.deepcopy(json.loads(TEMPLATE.read_text()))
+    if carrier is not None:  # as benchmark_flashsac_training passes an --override
+        report["unilab_command"] += f" training.collector_tensor_device={carrier}"
     report["learner"] = learner
     report["training_config"].update(seed=seed, updates_per_step=updates, iterations=len(rewards) + 1)
     report["rows_all"] = rows_of(rewards, start_s=90.0 + seed)
@@ -81,7 +84,7 @@ def fake_run(tmp_path, learner, seed, rewards, updates=64, stopped=False):
     report["iterations_logged"] = len(rewards)
     report["stopped_by_time_limit"] = stopped
     report["completed"] = not stopped
-    path = tmp_path / f"training_u{updates}_b256_{learner}_graph_s{seed}.json"
+    path = tmp_path / f"training_u{updates}_b256{'_' + carrier if carrier else ''}_{learner}_graph_s{seed}.json"
     path.write_text(json.dumps(report))
     return path
 
@@ -103,6 +106,17 @@ def test_grouping_by_configuration_marks_groups_with_fewer_than_three_seeds(tmp_
     # tail timings over the last 10 rows (rows 50..59): learner 5 + i % 3, iteration 30 + i % 5
     assert runs[0]["learner_ms"]["count"] == 10 and runs[0]["learner_ms"]["median"] == 6.0
     assert runs[0]["iteration_ms"]["median"] == 32.0
+
+
+def test_a_run_on_another_collector_carrier_is_its_own_configuration(tmp_path):
+    climb = [0.0] * 30 + [40.0] * 30
+    files = [fake_run(tmp_path, "flashsac_opt", 1, climb), fake_run(tmp_path, "flashsac_opt", 1, climb, carrier="cpu"),
+             fake_run(tmp_path, "flashsac_opt", 2, climb, carrier="auto")]  # auto is UniLab's default
+    groups = ttr.group_runs([ttr.summarize_file(f, last=10) for f in files])
+    by_carrier = {g["carrier"]: g for g in groups}
+    assert set(by_carrier) == {"default", "cpu"}
+    assert by_carrier["default"]["seeds"] == [1, 2] and by_carrier["cpu"]["seeds"] == [1]
+    assert by_carrier["cpu"]["label"].endswith(", CPU carrier") and "carrier" not in by_carrier["default"]["label"]
 
 
 def test_summarize_writes_the_json_schema_and_the_figure(tmp_path):
@@ -174,3 +188,23 @@ def test_runs_toml_holds_the_planned_entries_and_the_driver_shows_their_commands
     assert "training_u8_b2048_e4096_r256_unilab_graph_s3.json" in default.stdout
     assert "--num-envs 4096 --batch-size 2048 --updates-per-step 8" in default.stdout
     assert "--learning-starts 49 --replay-buffer-n 256" in default.stdout  # the G1 task's own replay
+
+
+def test_trainings_names_a_tagged_configuration_and_sizes_limits_by_the_given_start_up(tmp_path):
+    def dry(*extra):
+        return subprocess.run([sys.executable, "experiments/device/trainings.py", "--updates", "64", "--replay-buffer-n", "512",
+                               "--no-eval", "--time-limit", "580", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"),
+                               "--dry-run", *extra, "flashsac_opt:graph:1", "flashsac_opt:graph:2"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    plain, tagged = dry(), dry("--name-tag", "cpu_carrier", "--startup-s", "220,90")
+    assert plain.returncode == 0 and tagged.returncode == 0, plain.stderr + tagged.stderr
+    assert "[training_u64_b256_r512_flashsac_opt_graph_s1] time limit" in plain.stdout
+    first, second = [line for line in tagged.stdout.splitlines() if line.startswith("[training_u64_b256_r512_cpu_carrier_flashsac_opt_graph_s")]
+    # 580 s less two 20-s shutdowns and both start-ups (220 cold, 90 warm) leaves 230 s, half to each
+    # run: 335 s and 205 s (a second less where the clock moved on)
+    limits = [int(re.search(r"time limit (\d+) s \(start-up ~(\d+) s\)", line).group(1)) for line in (first, second)]
+    assert 333 <= limits[0] <= 335 and 203 <= limits[1] <= 205 and "~220 s" in first and "~90 s" in second
+    assert "training_u64_b256_r512_cpu_carrier_flashsac_opt_graph_s1.json" in first
+    for bad in (["--name-tag", "CPU carrier"], ["--startup-s", "220"], ["--startup-s", "0,90"]):
+        refused = dry(*bad)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, bad

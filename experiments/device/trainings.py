@@ -16,7 +16,8 @@ lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
 training stops once its 20-iteration mean reward reaches R (time to reward needs no more).
 --throwaway: the first RUN only warms the host (OS file cache); its JSON stays under WORK. A run at other than
 256 envs has them in its name (training_u8_b2048_e4096_...), and one with another replay than
-seed 001's 32 its replay_buffer_n (..._r512_...), so it never takes another run's name.
+seed 001's 32 its replay_buffer_n (..._r512_...), and --name-tag TAG for what an override changes
+(..._r512_cpu_carrier_...), so it never takes another run's name.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ SHUTDOWN_S = 20  # per training, after its time limit
 MIN_SHARE_S = 30
 
 
-def parse_runs(texts: list[str], updates: int) -> list[dict]:
+def parse_runs(texts: list[str], updates: int, startup_s: tuple[int, int] | None = None) -> list[dict]:
     runs = []
     for text in texts:
         m = RUN.match(text)
@@ -61,7 +62,8 @@ def parse_runs(texts: list[str], updates: int) -> list[dict]:
     seen = set()
     for r in runs:
         key = (r["learner"], r["mode"])
-        r["startup"] = STARTUP_S.get((*key, key in seen), 50)
+        warm = key in seen
+        r["startup"] = startup_s[warm] if startup_s else STARTUP_S.get((*key, warm), 50)
         seen.add(key)
     return runs
 
@@ -108,6 +110,22 @@ def training_command(r: dict, args, root: Path, share: int, log_root: Path, outp
             *(f"--override={o}" for o in args.override)]
 
 
+def _name_tag(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]+(?:_[a-z0-9]+)*", text):
+        raise argparse.ArgumentTypeError(f"a name tag is lower-case letters and digits joined by '_', got {text!r}")
+    return text
+
+
+def _cold_warm(text: str) -> tuple[int, int]:
+    try:
+        cold, warm = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected COLD,WARM seconds, got {text!r}") from None
+    if cold <= 0 or warm <= 0:
+        raise argparse.ArgumentTypeError(f"start-up seconds must be > 0, got {text!r}")
+    return cold, warm
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="RUN")
@@ -121,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=580.0, help="seconds for all trainings and the eval")
     parser.add_argument("--out", type=Path, required=True, help="the trainings' JSON")
     parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
+    parser.add_argument("--name-tag", type=_name_tag, metavar="TAG",
+                        help="added to every run's name (training_u64_b256_r512_TAG_...), for a configuration its name does not say (an override)")
+    parser.add_argument("--startup-s", type=_cold_warm, metavar="COLD,WARM",
+                        help="expected launch -> first update of this call's runs, cold and warm (default: STARTUP_S), e.g. for "
+                             "a configuration that starts slower (UniLab's CPU carrier: 216 s cold)")
     parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
     parser.add_argument("--no-eval", action="store_true", help="skip the stock eval of the last flashsac_opt checkpoint")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override for every training (repeatable)")
@@ -129,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the commands with their time shares, run nothing")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.time_limit
-    runs = parse_runs(args.runs, args.updates)
+    runs = parse_runs(args.runs, args.updates, args.startup_s)
     if args.cpu_rehearsal:
         args.envs, args.batch, args.iterations = 16, 32, min(args.iterations, 4)
         for r in runs:
@@ -149,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - time.monotonic() - planned
         eval_s = 0 if args.no_eval else EVAL_S
         share = int(r["startup"] + (left - eval_s - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
-        tag = f"u{r['u']}_b{args.batch}" + (f"_e{args.envs}" if args.envs != 256 else "") + (f"_r{args.replay_buffer_n}" if args.replay_buffer_n != 32 else "")
+        tag = (f"u{r['u']}_b{args.batch}" + (f"_e{args.envs}" if args.envs != 256 else "")
+               + (f"_r{args.replay_buffer_n}" if args.replay_buffer_n != 32 else "") + (f"_{args.name_tag}" if args.name_tag else ""))
         name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
         root = patched if r["learner"] == "flashsac_opt" else stock
         logs = args.work / f"logs_{name}"
