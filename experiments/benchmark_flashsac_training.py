@@ -10,7 +10,9 @@ reads the run's TensorBoard events and writes JSON:
 - learner_train_ms / collector_cycle_ms / iter_ms: mean, median, p90, p95 over `rows`;
 - training_config: critic, actor and temperature updates per iteration; environment; command;
 - startup_timeline (flashsac_opt's learner only): seconds from launch to the learner's
-  construction, its start-up compile, the first update's start and end.
+  construction, its start-up compile, the first update's start and end;
+- startup_stacks (--stack-samples S): per Python process of the training, where its main thread
+  spent the time until the first update, from stack samples every S seconds.
 
     python experiments/benchmark_flashsac_training.py --learner flashsac_opt --mode graph \\
         --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
@@ -44,6 +46,7 @@ import time
 from pathlib import Path
 
 from common import REWARD_WINDOW, moving_mean, percentile, run_environment
+from report import startup_stacks
 
 REPO = Path(__file__).resolve().parents[1]
 # UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
@@ -272,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the training after this long (Ctrl-C semantics, as UniLab handles it) and summarize what it logged")
     parser.add_argument("--stop-at-reward", type=float, metavar="R",
                         help=f"interrupt the training once the {REWARD_WINDOW}-iteration moving mean of Train/mean_reward reaches R")
+    parser.add_argument("--stack-samples", type=float, metavar="SECONDS",
+                        help="sample the Python stacks of train and every process it starts every SECONDS for their first "
+                             "--stack-samples-for seconds (report/startup_stacks.py): where the start-up goes (startup_stacks)")
+    parser.add_argument("--stack-samples-for", type=float, default=300.0, metavar="SECONDS")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.time_limit is not None and args.time_limit <= 0:
@@ -319,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     events = log_root / STARTUP_EVENTS
     events.unlink(missing_ok=True)
     env["FLASHSAC_OPT_STARTUP_EVENTS"] = str(events)
+    stacks = log_root / "stack_samples"
+    if args.stack_samples:
+        startup_stacks.enable(env, stacks, args.stack_samples, args.stack_samples_for)
     cache = inductor_cache_at_launch()
     launched = time.time()
     watch = None if args.stop_at_reward is None else RewardWatch(log_root, args.stop_at_reward)
@@ -330,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = runs[-1].parent
     rows_all = read_rows(run_dir, launched)
     timeline = startup_timeline(events, launched)
+    stack_report = None
+    if args.stack_samples:  # where each process was until the first update (all of it when there was none)
+        until = (timeline or {}).get("first_update_start_s") or (rows_all[0]["wall_s"] if rows_all else None)
+        stack_report = startup_stacks.summarize(stacks, launched, until, args.stack_samples)
+        if not rows_all:
+            for proc in stack_report:
+                print(f"stack samples, process started at {proc['started_s']} s ({proc['cmd'][:80]}): "
+                      + "; ".join(f"{w} {s} s" for w, s in proc["seconds_by_where"][:6]), file=sys.stderr)
     if not rows_all:
         fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped}); "
              f"start-up since launch: {describe_timeline(timeline)}")
@@ -386,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         # start-up compile in prepare_for_collection, the first update's start and end): UniLab's
         # own start against the compile and capture; None for stock UniLab
         "startup_timeline": timeline,
+        # --stack-samples: per process, where its main thread was until the first update
+        "startup_stacks": stack_report,
         "timed": {
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
             "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",

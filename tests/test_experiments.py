@@ -120,7 +120,7 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
         "benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--mode", "eager",
         "--num-envs", "16", "--batch-size", "32", "--iterations", "100000", "--summary-last", "3",
         "--learning-starts", "2", "--replay-buffer-n", "8", "--log-root", str(tmp_path / "logs"), "--output", str(out),
-        "--time-limit", "75",
+        "--time-limit", "75", "--stack-samples", "0.5",
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -141,6 +141,13 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert t["learner_constructed"] == {"compile_ahead": False, "learner_mode": "eager"}
     assert 0 < t["learner_constructed_s"] <= t["first_update_start_s"] <= t["first_update_end_s"] <= walls[0]
     assert "prepare_for_collection_start_s" not in t  # eager: nothing to compile before collection
+    # the stack samples: train's process from launch, and the collector process it spawned later,
+    # each named by where in UniLab its main thread was until the first update
+    procs = report["startup_stacks"]
+    assert len(procs) >= 2 and procs[0]["started_s"] < 2.0 and procs[1]["started_s"] > procs[0]["started_s"]
+    assert procs[0]["samples"] <= t["first_update_start_s"] / 0.5 + 1
+    assert any(where.startswith("unilab/") for where, _ in procs[0]["seconds_by_where"]), procs[0]["seconds_by_where"]
+    assert all(s["seconds"] >= 1.0 for p in procs for s in p["segments"])  # two samples or more
 
 
 def test_replay_stability_short_cpu_run(tmp_path):

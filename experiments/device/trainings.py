@@ -107,6 +107,7 @@ def training_command(r: dict, args, root: Path, share: int, log_root: Path, outp
             "--save-interval", str(min(args.iterations, 100)),
             "--time-limit", str(share), "--log-root", str(log_root), "--output", str(output),
             *(["--stop-at-reward", f"{args.stop_at_reward:g}"] if args.stop_at_reward is not None else []),
+            *(["--stack-samples", f"{args.stack_samples:g}"] if args.stack_samples else []),
             *(f"--override={o}" for o in args.override)]
 
 
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="logs (WORK/raw/), UniLab runs; the UniLab copies go beside it")
     parser.add_argument("--name-tag", type=_name_tag, metavar="TAG",
                         help="added to every run's name (training_u64_b256_r512_TAG_...), for a configuration its name does not say (an override)")
+    parser.add_argument("--stack-samples", type=float, metavar="SECONDS",
+                        help="each training samples its processes' Python stacks every SECONDS (startup_stacks in its JSON)")
     parser.add_argument("--startup-s", type=_cold_warm, metavar="COLD,WARM",
                         help="expected launch -> first update of this call's runs, cold and warm (default: STARTUP_S), e.g. for "
                              "a configuration that starts slower (UniLab's CPU carrier: 216 s cold)")

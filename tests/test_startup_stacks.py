@@ -1,0 +1,61 @@
+"""experiments/report/startup_stacks.py: stack samples of a process and its children, named by
+where the main thread was (CPU)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+from report import startup_stacks  # noqa: E402
+
+# A stand-in start-up: a parent that waits in one function, then spawns a child that computes in
+# another, while a background thread sleeps (it must not be taken for the main thread).
+PROGRAM = """
+import subprocess, sys, threading, time
+def wait_for_assets():
+    time.sleep(1.6)
+def child_work():
+    end = time.time() + 1.2
+    while time.time() < end:
+        sum(range(1000))
+if sys.argv[1:] == ["child"]:
+    child_work()
+else:
+    threading.Thread(target=lambda: time.sleep(30), daemon=True).start()
+    wait_for_assets()
+    subprocess.run([sys.executable, __file__, "child"], check=True)
+"""
+
+
+def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
+    script = tmp_path / "startup.py"
+    script.write_text(PROGRAM)
+    env = dict(os.environ)
+    startup_stacks.enable(env, tmp_path / "samples", interval_s=0.2, for_s=20)
+    launched = time.time()
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
+    parent, child = startup_stacks.summarize(tmp_path / "samples", launched, interval_s=0.2)
+    assert "startup.py" in parent["cmd"] and parent["cmd"].endswith("child") is False and child["cmd"].endswith("child")
+    assert parent["started_s"] < child["started_s"]
+    top, seconds = parent["seconds_by_where"][0]
+    assert top.endswith("startup.py:wait_for_assets") and 1.0 <= seconds <= 1.8
+    assert child["seconds_by_where"][0][0].endswith("startup.py:child_work")
+    (segment,) = [s for s in parent["segments"] if s["where"].endswith(":wait_for_assets")]
+    assert 0.0 <= segment["start_s"] <= 0.8 and 1.0 <= segment["seconds"] <= 1.8
+    # cut at a time: only the samples before it count
+    early = startup_stacks.summarize(tmp_path / "samples", launched, until_s=parent["started_s"] + 0.7, interval_s=0.2)
+    assert early[0]["samples"] == 3 and early[1]["samples"] == 0
+
+
+def test_names_take_the_innermost_application_frame_and_the_library_below_it():
+    stack = [("/x/site-packages/torch/_inductor/codecache.py", "compile"), ("/x/site-packages/torch/_dynamo/eval.py", "run"),
+             ("/x/site-packages/unilab/envs/mdp/events.py", "_bind_root_reset"), ("/x/site-packages/unilab/cli.py", "train_main")]
+    assert startup_stacks.name_of(stack) == "unilab/envs/mdp/events.py:_bind_root_reset > torch/_dynamo"
+    assert startup_stacks.name_of(stack[2:]) == "unilab/envs/mdp/events.py:_bind_root_reset"
+    assert startup_stacks.name_of([("/usr/lib/python3.12/selectors.py", "select")]) == "selectors.py:select"
+    # flashsac_opt's own unilab subpackage, and a UniLab copy in a folder named unilab
+    assert startup_stacks.name_of([("/repo/flashsac_opt/unilab/adapter.py", "f")]) == "flashsac_opt/unilab/adapter.py:f"
+    assert startup_stacks.name_of([("/w/unilab/patched/unilab/base/env.py", "g")]) == "unilab/base/env.py:g"
