@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     stack_report = None
     if args.stack_samples:  # where each process was until the first update (all of it when there was none)
         until = (timeline or {}).get("first_update_start_s") or (rows_all[0]["wall_s"] if rows_all else None)
-        stack_report = startup_stacks.summarize(stacks, launched, until, args.stack_samples)
+        stack_report = startup_stacks.summarize(stacks, launched, until)
         if not rows_all:
             for proc in stack_report:
                 print(f"stack samples, process started at {proc['started_s']} s ({proc['cmd'][:80]}): "

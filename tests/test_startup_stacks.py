@@ -37,7 +37,7 @@ def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
     startup_stacks.enable(env, tmp_path / "samples", interval_s=0.2, for_s=20)
     launched = time.time()
     subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
-    parent, child = startup_stacks.summarize(tmp_path / "samples", launched, interval_s=0.2)
+    parent, child = startup_stacks.summarize(tmp_path / "samples", launched)
     assert "startup.py" in parent["cmd"] and parent["cmd"].endswith("child") is False and child["cmd"].endswith("child")
     assert parent["started_s"] < child["started_s"]
     top, seconds = parent["seconds_by_where"][0]
@@ -46,8 +46,8 @@ def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
     (segment,) = [s for s in parent["segments"] if s["where"].endswith(":wait_for_assets")]
     assert 0.0 <= segment["start_s"] <= 0.8 and 1.0 <= segment["seconds"] <= 1.8
     # cut at a time: only the samples before it count
-    early = startup_stacks.summarize(tmp_path / "samples", launched, until_s=parent["started_s"] + 0.7, interval_s=0.2)
-    assert early[0]["samples"] == 3 and early[1]["samples"] == 0
+    early = startup_stacks.summarize(tmp_path / "samples", launched, until_s=parent["started_s"] + 0.7)
+    assert 2 <= early[0]["samples"] <= 3 and early[1]["samples"] == 0
 
 
 def test_names_take_the_innermost_application_frame_and_the_library_below_it():

@@ -1,18 +1,21 @@
-"""Where a training's start-up goes: periodic Python stack samples of UniLab's `train` and of
-every Python process it starts, without a profiler (the device machines have none).
+"""Where a training's start-up goes: periodic samples of the main-thread Python stack of
+UniLab's `train` and of every Python process it starts, without a profiler (the device machines
+have none).
 
 `enable(env, folder, interval_s, for_s)` puts a `sitecustomize.py` first on the training's
 PYTHONPATH. Every Python process the training starts (train itself, UniLab's collector
-processes, a compile-ahead child) imports it at start-up and has `faulthandler` write the stacks
-of all its threads to FOLDER/stacks_<pid>.txt every interval_s seconds for its first for_s
-seconds. faulthandler's watchdog is a C thread: it needs no GIL, so the samples keep their
-pace while Python is busy (a long C call, e.g. a compiler subprocess wait, shows as that call).
+processes, Inductor's compile workers, a compile-ahead child) imports it at start-up and runs a
+daemon thread that, every interval_s seconds for its first for_s seconds, reads the main
+thread's frames (`sys._current_frames`) and appends them with the time to
+FOLDER/stacks_<pid>.txt. The thread takes the GIL for each sample, so a sample is late while
+the main thread holds it in one long C call (the time written is when it was taken). (faulthandler's
+watchdog, which needs no GIL, was tried first: reading other threads' frames without the GIL
+crashed UniLab's collector process with SIGSEGV.)
 
 `summarize(folder, launched, until_s)` reads the samples taken before until_s seconds after
-launch and, per process, takes each sample's main-thread stack (the thread not started by
-`threading`), names it by its innermost UniLab / flashsac_opt frame and the library it was in
-below that (e.g. `unilab/envs/mdp/events.py:_bind_root_reset > torch/_inductor`), and reports
-the seconds per name and the runs of consecutive samples with one name (segments).
+launch and, per process, names each sample by its innermost UniLab / flashsac_opt frame and the
+library it was in below that (e.g. `unilab/envs/mdp/events.py:_bind_root_reset > torch/_dynamo`),
+and reports the seconds per name and the runs of consecutive samples with one name (segments).
 An existing sitecustomize.py further down the path is shadowed while sampling is on.
 """
 
@@ -24,26 +27,36 @@ from collections import Counter
 from pathlib import Path
 
 FOLDER_ENV, INTERVAL_ENV, FOR_ENV = "FLASHSAC_OPT_STACK_DIR", "FLASHSAC_OPT_STACK_INTERVAL", "FLASHSAC_OPT_STACK_SECONDS"
-SITECUSTOMIZE = f'''"""Written by flashsac_opt's experiments/report/startup_stacks.py: stack samples of this process."""
-import faulthandler, os, threading, time
-_folder = os.environ.get("{FOLDER_ENV}")
-if _folder:
-    _file = open(os.path.join(_folder, "stacks_%d.txt" % os.getpid()), "w")
+SITECUSTOMIZE = f'''"""Written by flashsac_opt's experiments/report/startup_stacks.py: samples of this process's main-thread stack."""
+import os, sys, threading, time
+def _flashsac_opt_sample(folder, interval, duration):
+    main = threading.main_thread().ident
     try:
-        with open("/proc/self/cmdline", "rb") as _c:
-            _cmd = _c.read().replace(b"\\0", b" ").decode(errors="replace").replace("\\n", " ").strip()
+        with open("/proc/self/cmdline", "rb") as c:
+            cmd = c.read().replace(b"\\0", b" ").decode(errors="replace").replace("\\n", " ").strip()
     except OSError:
-        _cmd = "?"
-    _file.write("# started %.3f pid %d cmd %s\\n" % (time.time(), os.getpid(), _cmd[:300]))
-    _file.flush()
-    faulthandler.dump_traceback_later(float(os.environ.get("{INTERVAL_ENV}", "0.5")), repeat=True, file=_file)
-    _stop = threading.Timer(float(os.environ.get("{FOR_ENV}", "300")), faulthandler.cancel_dump_traceback_later)
-    _stop.daemon = True
-    _stop.start()
+        cmd = "?"
+    end = time.time() + duration
+    with open(os.path.join(folder, "stacks_%d.txt" % os.getpid()), "w") as out:
+        out.write("# started %.3f pid %d cmd %s\\n" % (time.time(), os.getpid(), cmd[:300]))
+        while time.time() < end:
+            time.sleep(interval)
+            frame = sys._current_frames().get(main)
+            if frame is None:  # the main thread has ended
+                break
+            lines = ["@ %.3f" % time.time()]
+            while frame is not None and len(lines) < 80:
+                lines.append("%s\\t%s" % (frame.f_code.co_filename, frame.f_code.co_name))
+                frame = frame.f_back
+            out.write("\\n".join(lines) + "\\n")
+            out.flush()
+if os.environ.get("{FOLDER_ENV}"):
+    threading.Thread(target=_flashsac_opt_sample, name="flashsac_opt_stack_sampler", daemon=True,
+                     args=(os.environ["{FOLDER_ENV}"], float(os.environ.get("{INTERVAL_ENV}", "0.5")),
+                           float(os.environ.get("{FOR_ENV}", "300")))).start()
 '''
 APP = ("/unilab/", "/flashsac_opt/")
 _HEADER = re.compile(r"^# started (?P<t>[0-9.]+) pid (?P<pid>\d+) cmd (?P<cmd>.*)$")
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>\S+)')
 
 
 def enable(env: dict, folder: Path, interval_s: float = 0.5, for_s: float = 300.0) -> None:
@@ -79,24 +92,22 @@ def name_of(stack: list[tuple[str, str]]) -> str:
     return f"{_short(path)}:{func}"
 
 
-def _samples(text: str) -> list[list[tuple[str, str]]]:
-    """Each dump's main-thread stack (innermost first): the thread whose outermost frame is not
-    threading's bootstrap (threads started by `threading`, the sampler's timer among them)."""
+def _samples(text: str) -> list[tuple[float, list[tuple[str, str]]]]:
+    """Each sample's (time, main-thread stack innermost first)."""
     out = []
-    for dump in re.split(r"^Timeout \([0-9:.]+\)!$", text, flags=re.M)[1:]:
-        for thread in re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", dump, flags=re.M)[1:]:
-            stack = [(m["file"], m["func"]) for m in map(_FRAME.match, thread.splitlines()) if m]
-            if stack and not stack[-1][0].endswith("threading.py"):
-                out.append(stack)
-                break
+    for block in text.split("\n@ ")[1:]:
+        stamp, *frames = block.rstrip("\n").split("\n")
+        stack = [tuple(f.split("\t", 1)) for f in frames if "\t" in f]
+        if stack:
+            out.append((float(stamp), stack))
     return out
 
 
-def summarize(folder: Path, launched: float, until_s: float | None = None, interval_s: float | None = None) -> list[dict]:
+def summarize(folder: Path, launched: float, until_s: float | None = None) -> list[dict]:
     """Per sampled process (oldest first): its command, start (s since launch), and where its main
-    thread was in the samples before ``until_s`` s after launch: seconds per name (largest first)
-    and the segments of consecutive samples with one name (at least two samples)."""
-    interval = interval_s if interval_s is not None else float(os.environ.get(INTERVAL_ENV, "0.5"))
+    thread was in the samples taken before ``until_s`` s after launch: seconds per name (largest
+    first; each sample counts the time since the one before) and the segments of consecutive
+    samples with one name (at least two samples)."""
     procs = []
     for path in sorted(folder.glob("stacks_*.txt")):
         text = path.read_text(errors="replace")
@@ -104,17 +115,20 @@ def summarize(folder: Path, launched: float, until_s: float | None = None, inter
         if not head:
             continue
         started = float(head["t"]) - launched
-        names = [name_of(s) for s in _samples(text)]
-        if until_s is not None:  # the k-th sample is taken (k + 1) intervals after the process started
-            names = names[: max(0, int((until_s - started) / interval))]
-        segments, start = [], 0
-        for k in range(1, len(names) + 1):
-            if k == len(names) or names[k] != names[start]:
-                if k - start >= 2:
-                    segments.append({"start_s": round(started + (start + 1) * interval, 1),
-                                     "seconds": round((k - start) * interval, 1), "where": names[start]})
-                start = k
-        procs.append({"pid": int(head["pid"]), "cmd": head["cmd"], "started_s": round(started, 2), "samples": len(names),
-                      "seconds_by_where": [[w, round(n * interval, 1)] for w, n in Counter(names).most_common(15)],
-                      "segments": segments})
+        samples = [(t - launched, name_of(stack)) for t, stack in _samples(text)]
+        if until_s is not None:
+            samples = [s for s in samples if s[0] <= until_s]
+        spans = [(t, t - (samples[k - 1][0] if k else started), name) for k, (t, name) in enumerate(samples)]
+        seconds: Counter = Counter()
+        for _, dt, name in spans:
+            seconds[name] += dt
+        segments, first = [], 0
+        for k in range(1, len(spans) + 1):
+            if k == len(spans) or spans[k][2] != spans[first][2]:
+                if k - first >= 2:
+                    start = spans[first][0] - spans[first][1]
+                    segments.append({"start_s": round(start, 1), "seconds": round(spans[k - 1][0] - start, 1), "where": spans[first][2]})
+                first = k
+        procs.append({"pid": int(head["pid"]), "cmd": head["cmd"], "started_s": round(started, 2), "samples": len(spans),
+                      "seconds_by_where": [[w, round(v, 1)] for w, v in seconds.most_common(15)], "segments": segments})
     return sorted(procs, key=lambda p: p["started_s"])
