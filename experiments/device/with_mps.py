@@ -1,0 +1,107 @@
+"""Run a command under a CUDA MPS control daemon of its own: issue 17's contention candidate.
+
+UniLab's collector is a separate process with its own CUDA context; without MPS the GPU
+time-slices between the learner's and the collector's contexts, and the collector's small ops
+wait for slices while the learner's captured iteration runs. Under MPS the contexts share the GPU
+through one server and their kernels can run side by side. UniLab's own switch
+(`training.cuda_process_sharing=mps`) accepts only its mjwarp backend in 1.5.2, but it also
+records, and works under, an *ambient* daemon reachable through CUDA_MPS_PIPE_DIRECTORY: that is
+what this script provides.
+
+It starts `nvidia-cuda-mps-control -d` with private pipe and log folders (a temporary folder,
+nothing system-wide), runs the command with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set,
+asks the daemon which servers it started (`get_server_list`: a server means the command's CUDA
+contexts went through MPS), and always stops the daemon (`quit`). The GPU's compute mode and other
+settings are left as they are. Where the daemon cannot start (no binary, a sandbox without MPS),
+the command does not run: the report says why and the exit status is 3.
+
+    python3 experiments/device/with_mps.py --report OUT/mps.json -- python3 experiments/device/trainings.py ...
+
+A command starting with `python` or `python3` runs with this script's interpreter; one ending in
+--dry-run (run.py's dry run) runs as it is, without a daemon or a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONTROL = "nvidia-cuda-mps-control"
+NO_MPS = 3  # exit status when no daemon could be started
+
+
+def control(command: str, env: dict, timeout: float = 10.0) -> str:
+    """One request to the running daemon (as `echo COMMAND | nvidia-cuda-mps-control`)."""
+    done = subprocess.run([CONTROL], input=command + "\n", env=env, capture_output=True, text=True, timeout=timeout)
+    return (done.stdout + done.stderr).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--report", type=Path, required=True, help="JSON: whether the daemon ran, its servers, the command's status")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (put it after --)")
+    if command[0] in ("python", "python3"):  # this interpreter (the device's torch environment), not the PATH's
+        command[0] = sys.executable
+    if command[-1] == "--dry-run":  # run.py's dry run appends it: say what would run, start nothing
+        print(f"would start `{CONTROL} -d` with private pipe and log folders, run the command under it, "
+              f"then ask get_server_list and quit; the command's own dry run:")
+        return subprocess.run(command).returncode
+    report: dict = {"experiment": "with_mps", "command": command, "daemon_started": False}
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        args.report.write_text(json.dumps(report, indent=1))
+
+    work = Path(tempfile.mkdtemp(prefix="flashsac_opt_mps_"))
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(work / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(work / "log"))
+    (work / "pipe").mkdir()
+    (work / "log").mkdir()
+    try:
+        if shutil.which(CONTROL) is None:
+            report["why_not"] = f"{CONTROL} is not on the PATH"
+            save()
+            print(f"with_mps: {report['why_not']}; the command was not run", file=sys.stderr)
+            return NO_MPS
+        started = subprocess.run([CONTROL, "-d"], env=env, capture_output=True, text=True, timeout=30)
+        time.sleep(1.0)  # the daemon creates its control pipe after forking
+        if started.returncode != 0 or not (work / "pipe" / "control").exists():
+            report["why_not"] = f"`{CONTROL} -d` exited {started.returncode}: {(started.stdout + started.stderr).strip()[:500]}"
+            report["daemon_log"] = _read(work / "log" / "control.log")
+            save()
+            print(f"with_mps: no MPS daemon ({report['why_not']}); the command was not run", file=sys.stderr)
+            return NO_MPS
+        report["daemon_started"] = True
+        report["pipe_directory"] = env["CUDA_MPS_PIPE_DIRECTORY"]
+        save()
+        began = time.time()
+        status = subprocess.run(command, env=env).returncode
+        report.update(command_status=status, command_seconds=round(time.time() - began, 1))
+        report["servers"] = control("get_server_list", env)  # server PIDs: the command's contexts went through MPS
+        return status
+    finally:
+        if report["daemon_started"]:
+            report["quit"] = control("quit", env)
+            time.sleep(1.0)
+            report["daemon_log"] = _read(work / "log" / "control.log")
+            report["server_log"] = _read(work / "log" / "server.log")
+        save()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _read(path: Path, limit: int = 4000) -> str | None:
+    return path.read_text(errors="replace")[-limit:] if path.exists() else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
