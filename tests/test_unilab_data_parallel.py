@@ -187,6 +187,12 @@ def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(
     assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
     networks = state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})
     assert lines["0"].endswith(f"checkpoint networks digest {networks}")  # rank 1's networks = rank 0's file
+    # stock (unpatched) UniLab's `eval` plays the data-parallel run's checkpoint
+    from unilab_tree import stock_eval
+
+    played = stock_eval(tmp_path, Path(checkpoint).parent, env)
+    said = played.stdout + played.stderr
+    assert played.returncode == 0 and f"Loading flashsac checkpoint: {checkpoint}" in said and "Traceback" not in said, said[-3000:]
 
 
 def _environ(pid: int) -> bytes:

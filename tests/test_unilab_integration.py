@@ -206,17 +206,9 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     assert all(torch.isfinite(torch.tensor(e.value)) for e in events.Scalars("Loss/critic"))
 
     # Stock (unpatched) UniLab's own `eval` plays the checkpoint flashsac_opt wrote.
-    from unilab_tree import copy_unilab
+    from unilab_tree import stock_eval
 
-    stock = copy_unilab(tmp_path / "stock")
-    stock_scene = add_g1_placeholders(stock / "unilab")
-    eval_code = "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())"
-    played = subprocess.run(
-        [sys.executable, "-c", eval_code, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco",
-         "--load-run", run.name, "--render-mode", "record", "training.play_steps=5", "training.play_env_num=2",
-         "training.export_onnx=false", f"training.log_root={logs}", f"env.scene.model_file={stock_scene}"],
-        env=dict(env, PYTHONPATH=str(stock)), capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )
+    played = stock_eval(tmp_path, run, env)
     out = played.stdout + played.stderr
     assert played.returncode == 0, out[-3000:]
     assert f"Loading flashsac checkpoint: {checkpoint}" in out, out[-3000:]

@@ -43,3 +43,23 @@ def g1_cpu_training(scene: Path, logs: Path, *overrides: str, iterations: int = 
             "algo.learning_starts=2", "algo.save_interval=3", "training.no_play=true", f"training.log_root={logs}",
             "algo.algo_params.learner_impl=flashsac_opt", "algo.algo_params.learner_mode=eager", f"env.scene.model_file={scene}",
             "algo.algo_params.fused_update=false", *overrides]
+
+
+EVAL_CODE = "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] + sys.argv[1:]; sys.exit(eval_main())"
+
+
+def stock_eval(tmp_path: Path, run: Path, env: dict):
+    """Stock (unpatched) UniLab's `eval` of the latest flashsac checkpoint in the run folder ``run``
+    (under its log root, run.parent.parent), from a fresh copy of the installed UniLab with
+    placeholder meshes: 2 envs, 5 steps, recorded. Returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    stock = copy_unilab(tmp_path / "stock")
+    scene = add_g1_placeholders(stock / "unilab")
+    return subprocess.run(
+        [sys.executable, "-c", EVAL_CODE, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco",
+         "--load-run", run.name, "--render-mode", "record", "training.play_steps=5", "training.play_env_num=2",
+         "training.export_onnx=false", f"training.log_root={run.parent.parent}", f"env.scene.model_file={scene}"],
+        env=dict(env, PYTHONPATH=str(stock), CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
