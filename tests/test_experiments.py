@@ -455,6 +455,26 @@ def test_startup_summary_reads_first_update_and_the_compile_ahead_line(tmp_path)
     assert runs["ok"]["stopped_by_time_limit_s"] is None and runs["ok"]["logged_an_iteration"]
     assert "first_update_s" not in runs["cut"] and runs["cut"]["stopped_by_time_limit_s"] == 114.0
     assert not runs["cut"]["logged_an_iteration"] and "compile_ahead_child_s" not in runs["cut"]
+    assert "phases_s" not in runs["ok"]  # no milestones in that JSON
+
+    # a JSON with flashsac_opt's milestones and stack samples: launch -> first update by phase
+    training.update(startup_timeline={"learner_constructed_s": 38.0, "prepare_for_collection_start_s": 40.5,
+                                      "prepare_for_collection_end_s": 80.0, "first_update_start_s": 91.0, "first_update_end_s": 91.4},
+                    startup_stacks=[{"cmd": "python train", "started_s": 0.1, "samples": 70,
+                                     "seconds_by_where": [["unilab/envs/mdp/events.py:reset_root_state_uniform_fused > torch/_dynamo", 10.0]]},
+                                    {"cmd": "compile worker", "started_s": 41.0, "samples": 0, "seconds_by_where": []}])
+    (tmp_path / "timed.json").write_text(json.dumps(training))
+    fig = tmp_path / "startup.png"
+    done = subprocess.run([sys.executable, str(REPO / "experiments" / "report" / "summarize_startup.py"),
+                           "--run", f"timed={tmp_path / 'timed.json'}", "--run", f"stock={tmp_path / 't.json'}",
+                           "--output", str(out), "--plot", str(fig)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    timed = json.loads(out.read_text())["runs"]["timed"]
+    assert timed["phases_s"] == {"UniLab start to the learner": 38.0, "learner to start-up compile": 2.5,
+                                 "start-up compile and capture": 39.5, "collector start, learning_starts": 11.0,
+                                 "first update (compile-ahead wait, compile)": 0.4}
+    (top,) = timed["startup_stacks_top"]  # the process with no samples is left out
+    assert top["top"][0][1] == 10.0 and fig.read_bytes()[:4] == b"\x89PNG"
 
 
 # A stand-in for UniLab's train: logs Train/mean_reward (a ramp of 1 per iteration) through

@@ -8,6 +8,13 @@ training's log ("compile-ahead child done in X s; the first update waited Y s").
 
 A run whose training logged no iteration has no JSON: give it as NAME=-:ARCHIVE:MEMBER, and
 the summary keeps what its log says (the child's times, the time limit that stopped it).
+
+Where the training JSON has flashsac_opt's start-up milestones (`startup_timeline`), the summary
+splits the launch -> first update into phases (`phases_s`, PHASES): UniLab's start up to the
+learner's construction, from there to the start-up compile, the compile (and capture) itself,
+from its end (or from collection starting while a compile-ahead child compiles) to the first
+update (collector start, learning_starts), and the first update. With `startup_stacks`
+(--stack-samples) it keeps each process's five largest places. `--plot` draws the phases.
 """
 
 from __future__ import annotations
@@ -27,6 +34,34 @@ def log_text(archive: Path, member: str) -> str:
         return tar.extractfile(member).read().decode(errors="replace")
 
 
+# (phase, from milestone, to milestone): seconds since launch from the training's startup_timeline
+PHASES = (
+    ("UniLab start to the learner", None, "learner_constructed_s"),
+    ("learner to start-up compile", "learner_constructed_s", ("prepare_for_collection_start_s", "prepare_for_collection_deferred_s")),
+    ("start-up compile and capture", "prepare_for_collection_start_s", "prepare_for_collection_end_s"),
+    ("collector start, learning_starts", ("prepare_for_collection_end_s", "prepare_for_collection_deferred_s"), "first_update_start_s"),
+    ("first update (compile-ahead wait, compile)", "first_update_start_s", "first_update_end_s"),
+)
+
+
+def phases(timeline: dict) -> dict[str, float]:
+    """The PHASES a timeline has both ends of (a phase absent from the run is left out)."""
+    def at(key):
+        if key is None:
+            return 0.0
+        for k in (key if isinstance(key, tuple) else (key,)):
+            if k in timeline:
+                return timeline[k]
+        return None
+
+    out = {}
+    for name, start, end in PHASES:
+        a, b = at(start), at(end)
+        if a is not None and b is not None:
+            out[name] = round(b - a, 2)
+    return out
+
+
 def summarize_run(training: str, archive: str | None, member: str | None) -> dict:
     row: dict = {"training_json": None if training == "-" else training}
     if training != "-":
@@ -41,6 +76,12 @@ def summarize_run(training: str, archive: str | None, member: str | None) -> dic
             inductor_cache_at_launch=data["inductor_cache_at_launch"],
             environment={k: data["environment"].get(k) for k in ("gpu", "torch", "date", "cpu_cores_usable", "run_note")},
         )
+        if data.get("startup_timeline"):
+            row["startup_timeline"] = data["startup_timeline"]
+            row["phases_s"] = phases(data["startup_timeline"])
+        if data.get("startup_stacks"):
+            row["startup_stacks_top"] = [{"cmd": p["cmd"][:120], "started_s": p["started_s"], "top": p["seconds_by_where"][:5]}
+                                         for p in data["startup_stacks"] if p["samples"]]
     if archive:
         text = log_text(Path(archive), member)
         row["log"] = f"{archive}:{member}"
@@ -54,11 +95,36 @@ def summarize_run(training: str, archive: str | None, member: str | None) -> dic
     return row
 
 
+def plot(runs: dict, path: Path) -> None:
+    """One bar per run that logged a first update: its phases stacked where the timeline has
+    them, else one grey bar (a stock run: no milestones)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: report.plotting
+    from report import plotting
+
+    shown = {n: r for n, r in runs.items() if r.get("first_update_s") is not None}
+    fig, ax = plotting.subplots(figsize=(11, 1.5 + 0.6 * len(shown)))
+    names = list(shown)
+    left = [0.0] * len(names)
+    for phase, _, _ in PHASES:
+        widths = [shown[n].get("phases_s", {}).get(phase, 0.0) for n in names]
+        ax.barh(names, widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    rest = [max(shown[n]["first_update_s"] - x, 0.0) for n, x in zip(names, left)]
+    ax.barh(names, rest, left=left, color="lightgrey", label="no milestones (stock UniLab) / after the first update's end")
+    plotting.finish_axis(ax, "seconds since UniLab's train was launched", "", "Launch -> first learner update, by phase", legend=False)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="lower right")
+    plotting.save(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", required=True, metavar="NAME=JSON[:ARCHIVE:MEMBER]")
     parser.add_argument("--note", default="", help="how the runs were made (host, order, caches)")
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--plot", type=Path, help="figure: each run's launch -> first update, by phase where known")
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.run:
@@ -69,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         runs[name] = summarize_run(parts[0], *(parts[1:] if len(parts) == 3 else (None, None)))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"experiment": "startup", "note": args.note, "runs": runs}, indent=1) + "\n")
+    if args.plot:
+        plot(runs, args.plot)
     print(f"{len(runs)} runs -> {args.output}")
     return 0
 
