@@ -210,6 +210,17 @@ def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | N
     return proc.wait(), reason
 
 
+# Where the iteration goes beside the learning, per row where UniLab logged it: the learner
+# process serving the collector's inference (serial with the learning), and the collector's
+# environment phases (UniLab's Perf tags; values in ms).
+DETAIL_TAGS = {
+    "inference_ms": "Perf/learner_inference_ms",
+    "inference_forward_ms": "Perf/learner_inference_forward_ms",
+    "collector_update_state_ms": "Perf/collector_env_step_update_state_ms",
+    "collector_reset_done_ms": "Perf/collector_env_step_reset_done_ms",
+}
+
+
 def read_rows(run_dir: Path, launched: float | None = None) -> list[dict]:
     """One row per learner iteration; wall_s = seconds from the training's launch (start-up
     and compile included) to that iteration's Perf/learning_time event."""
@@ -230,6 +241,7 @@ def read_rows(run_dir: Path, launched: float | None = None) -> list[dict]:
     learn_wall = {e.step: e.wall_time for e in events.Scalars("Perf/learning_time")} if "Perf/learning_time" in tags else {}
     reward, it_index = series("Train/mean_reward"), series("Train/iteration")
     cycle_parts = [series(f"Perf/collector_{k}") for k in cycle_keys]
+    details = {key: series(tag) for key, tag in DETAIL_TAGS.items()}
     rows = []
     for step in sorted(learn):
         row = {"env_steps": step, "learner_train_ms": learn[step] * 1e3}
@@ -243,6 +255,7 @@ def read_rows(run_dir: Path, launched: float | None = None) -> list[dict]:
             row["collector_cycle_ms"] = sum(part[step] for part in cycle_parts)
         if step in reward:
             row["reward"] = reward[step]
+        row.update({key: values[step] for key, values in details.items() if step in values})
         rows.append(row)
     return rows
 
@@ -415,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         "learner_train_ms": summarize([r["learner_train_ms"] for r in rows]),
         "collector_cycle_ms": summarize([r["collector_cycle_ms"] for r in rows if "collector_cycle_ms" in r]),
         "iter_ms": summarize([r["iter_ms"] for r in rows if "iter_ms" in r]),
+        # beside the learning (DETAIL_TAGS): None where UniLab did not log it
+        **{key: summarize([r[key] for r in rows if key in r]) for key in DETAIL_TAGS},
         "rows_all": rows_all,
         "rows": rows,
         "environment": run_environment(device, packages=("unilab", "flashsac-opt", "mujoco")),

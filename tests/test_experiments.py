@@ -129,8 +129,9 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert len(report["rows"]) == 3 and len(report["rows_all"]) >= 3
     walls = [r["wall_s"] for r in report["rows_all"]]
     assert 0 < walls[0] and walls == sorted(walls) and walls[-1] < 75  # from launch, within the time limit
-    for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms"):
+    for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms", "inference_ms", "collector_update_state_ms"):
         assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
+    assert "inference_ms" in report["rows"][-1]  # per row too
     assert report["training_config"]["critic_updates_per_iteration"] == 2
     assert report["training_config"]["actor_updates_per_iteration"] == 1
     assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"
