@@ -40,14 +40,16 @@ def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
     parent, child = startup_stacks.summarize(tmp_path / "samples", launched)
     assert "startup.py" in parent["cmd"] and parent["cmd"].endswith("child") is False and child["cmd"].endswith("child")
     assert parent["started_s"] < child["started_s"]
-    top, seconds = parent["seconds_by_where"][0]
-    assert top.endswith("startup.py:wait_for_assets") and 1.0 <= seconds <= 1.8
-    assert child["seconds_by_where"][0][0].endswith("startup.py:child_work")
+    def seconds_in(proc, func):  # (the parent's wait for the child is a place of its own, as long as the child runs)
+        return sum(s for where, s in proc["seconds_by_where"] if where.endswith(f"startup.py:{func}"))
+
+    assert 1.0 <= seconds_in(parent, "wait_for_assets") <= 2.0 and seconds_in(parent, "child_work") == 0
+    assert 0.8 <= seconds_in(child, "child_work") <= 2.0 and seconds_in(child, "wait_for_assets") == 0
     (segment,) = [s for s in parent["segments"] if s["where"].endswith(":wait_for_assets")]
-    assert 0.0 <= segment["start_s"] <= 0.8 and 1.0 <= segment["seconds"] <= 1.8
+    assert 0.0 <= segment["start_s"] <= 1.0 and 1.0 <= segment["seconds"] <= 2.0
     # cut at a time: only the samples before it count
     early = startup_stacks.summarize(tmp_path / "samples", launched, until_s=parent["started_s"] + 0.7)
-    assert 2 <= early[0]["samples"] <= 3 and early[1]["samples"] == 0
+    assert 1 <= early[0]["samples"] <= 3 and early[1]["samples"] == 0  # (a loaded machine delays a sample)
 
 
 def test_names_take_the_innermost_application_frame_and_the_library_below_it():
