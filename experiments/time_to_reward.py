@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common
 from common import REWARD_WINDOW, moving_mean, percentile, write_report  # noqa: E402
 from report import plotting  # noqa: E402
 from report.plot_time_reward import TAG, band  # noqa: E402
+from report.summarize_startup import phases as startup_phases  # noqa: E402
 from report.summarize_trainings import summarize_run  # noqa: E402
 
 WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
@@ -104,6 +105,8 @@ def summarize_file(path: Path, last: int) -> dict:
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
         "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],
+        # launch -> first update by phase, from the patched learner's milestones (None for stock)
+        "startup_phases_s": startup_phases(report["startup_timeline"]) if report.get("startup_timeline") else None,
         "rows_with_wall_s": len(rows),
         "wall_s_last": rows[-1]["wall_s"] if rows else None,
         "tail_iterations": last,

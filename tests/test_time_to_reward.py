@@ -119,6 +119,18 @@ def test_a_run_on_another_collector_carrier_is_its_own_configuration(tmp_path):
     assert by_carrier["cpu"]["label"].endswith(", CPU carrier") and "carrier" not in by_carrier["default"]["label"]
 
 
+def test_a_patched_run_carries_its_start_up_phases(tmp_path):
+    path = fake_run(tmp_path, "flashsac_opt", 1, [5.0] * 30)
+    report = json.loads(path.read_text())
+    report["startup_timeline"] = {"learner_constructed_s": 30.0, "prepare_for_collection_start_s": 31.0,
+                                  "prepare_for_collection_end_s": 61.0, "first_update_start_s": 70.0, "first_update_end_s": 70.5}
+    path.write_text(json.dumps(report))
+    phases = ttr.summarize_file(path, last=10)["startup_phases_s"]
+    assert phases["UniLab start to the learner"] == 30.0 and phases["start-up compile and capture"] == 30.0
+    assert phases["collector start, learning_starts"] == 9.0
+    assert ttr.summarize_file(fake_run(tmp_path, "unilab", 1, [5.0] * 30), last=10)["startup_phases_s"] is None
+
+
 def test_summarize_writes_the_json_schema_and_the_figure(tmp_path):
     files = [fake_run(tmp_path, "flashsac_opt", s, [0.0] * 30 + [40.0] * 30) for s in (1, 2, 3)]
     files.append(fake_run(tmp_path, "unilab", 1, [5.0] * 60, stopped=True))
