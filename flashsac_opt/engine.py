@@ -179,6 +179,28 @@ class Engine:
         self._save_cache_after_iteration = False
         if self._cache_option and self._cache_option != compile_cache.AUTO:
             self._open_compile_cache(self._cache_option)
+        self.compile_deferred = False  # defer_compile(): iterations run uncompiled until compile_now()
+
+    def defer_compile(self) -> None:
+        """Until ``compile_now()``, iterations run the update functions uncompiled (the split
+        form; graph mode captures them as they are): a training starts without waiting for its
+        compile, which a compile-ahead child does meanwhile (compile_ahead.py, "background").
+        Only before the first iteration, and only for a compiled mode."""
+        if not self.compiled:
+            raise ValueError("defer_compile() is for learner_mode=compile or graph; eager compiles nothing")
+        if self._updates is not None:
+            raise RuntimeError("defer_compile() must come before the first iteration")
+        self.compile_deferred = True
+
+    def compile_now(self) -> None:
+        """End ``defer_compile()``: the next iteration builds and compiles the update functions
+        (from the caches the child filled) and, in graph mode, captures anew."""
+        if not self.compile_deferred:
+            return
+        self.compile_deferred = False
+        self._updates, self.fused_update = None, None
+        if self._graph is not None:
+            self._graph.release()
 
     # ---------------------------------------------------------------- building
     def _open_compile_cache(self, path: str) -> None:
@@ -207,6 +229,10 @@ class Engine:
         (the per-update batch size) and compiles them (lazily: torch.compile compiles at the
         first call), after loading the compile cache."""
         if self._updates is None:
+            if self.compile_deferred:  # uncompiled, split form (in eager the fused form is pure overhead)
+                self.fused_update = False
+                self._updates = {name: self._build(net) for name, net in self._networks.items()}
+                return self._updates
             if self._cache_option == compile_cache.AUTO and self.compile_cache_file is None:
                 self._open_compile_cache(str(compile_cache.default_file(self.compile_cache_key(rows, schedule))))
             if self._fused_option is None:
@@ -219,7 +245,7 @@ class Engine:
 
     def compiled_names(self) -> list[str]:
         """The compile boundaries in use: ``{net}_step`` (fused) or ``{net}_loss``/``{net}_apply``."""
-        if self.fused_update is None:
+        if self.fused_update is None or self.compile_deferred:
             return []
         parts = ("step",) if self.fused_update else ("loss", "apply")
         return [f"{name}_{part}" for name in self._networks for part in parts]
@@ -229,7 +255,7 @@ class Engine:
         return inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
 
     def _compile(self, fn: Callable) -> Callable:
-        if not self.compiled:
+        if not self.compiled or self.compile_deferred:
             return fn
         return torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=self._inductor_options())
 
@@ -287,7 +313,7 @@ class Engine:
         self._after_iteration()
 
     def _after_iteration(self) -> None:
-        if self._save_cache_after_iteration:  # once: the first iteration compiled everything
+        if self._save_cache_after_iteration and not self.compile_deferred:  # once: the first compiled iteration compiled everything
             self._save_cache_after_iteration = False
             self.compile_cache_saved = compile_cache.save(self.compile_cache_file)
 

@@ -72,6 +72,38 @@ def test_compile_mode_traces_without_breaks_and_matches_eager_bitwise_cpu(fused_
     assert torch.equal(eager.temperature.log_temp, compiled.temperature.log_temp)
 
 
+def test_a_deferred_compile_runs_eager_first_then_compiles_in_the_same_learner(tmp_path, monkeypatch):
+    """defer_compile(): the first iterations run uncompiled (as eager does, bit for bit, nothing
+    traced, no compile-cache file written); compile_now() compiles at the next iteration and the
+    learner goes on as the eager one would (aot_eager runs the traced graphs op for op)."""
+    from torch._dynamo.utils import counters
+
+    from flashsac_opt import compile_cache
+
+    saved = []
+    monkeypatch.setattr(compile_cache, "save", lambda path: saved.append(path) or False)
+    eager = make("eager")
+    deferred = make("compile", compile_backend="aot_eager", compile_cache_file=str(tmp_path / "cc.bin"))
+    deferred.engine.defer_compile()
+    data = batches(eager, 4)
+    graphs = counters["stats"].get("unique_graphs", 0)
+    assert torch.equal(train(eager, data[:2]), train(deferred, data[:2]))
+    assert counters["stats"].get("unique_graphs", 0) == graphs and deferred.engine.compiled_names() == [] and saved == []
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(getattr(eager, name).params, getattr(deferred, name).params), name
+    deferred.engine.compile_now()
+    assert torch.equal(train(eager, data[2:], seed=2), train(deferred, data[2:], seed=2))
+    assert counters["stats"].get("unique_graphs", 0) > graphs and deferred.engine.compiled_names() == ["critic_step", "actor_step"]
+    assert saved == [str(tmp_path / "cc.bin")]  # once, after the first compiled iteration
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(getattr(eager, name).params, getattr(deferred, name).params), name
+    assert deferred.iterations == eager.iterations == 4
+    with pytest.raises(RuntimeError, match="before the first iteration"):
+        deferred.engine.defer_compile()
+    with pytest.raises(ValueError, match="eager compiles nothing"):
+        eager.engine.defer_compile()
+
+
 def test_no_recompiles_after_warmup_while_lr_and_counters_change():
     from torch._dynamo.utils import counters
 
