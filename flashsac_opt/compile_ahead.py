@@ -22,7 +22,10 @@ is stopped at the parent's interpreter exit, and ends itself within a second whe
 dies without one (killed).
 A child that fails or is stopped leaves one warning; the parent then compiles by itself.
 
-Off by default; ``FLASHSAC_OPT_COMPILE_AHEAD=1`` turns it on. In real U64 trainings on the H200
+Off by default; ``FLASHSAC_OPT_COMPILE_AHEAD=1`` turns it on (the first update waits for the
+child), ``=background`` goes further: the training does not wait at all, its iterations run
+uncompiled (in graph mode captured as they are) until the child is done, and then it compiles
+from the child's caches (seconds) and goes on compiled (``Engine.defer_compile``). In real U64 trainings on the H200
 (results/startup/startup_summary.json) UniLab left 6-29 s between the learner's construction
 and its first update to overlap, and the training process then reused none of the child's
 graphs: the child had set its matmul precision with torch.set_float32_matmul_precision, which
@@ -85,8 +88,22 @@ def parallel_compile(threads: int | None = None) -> Iterator[None]:
         config.compile_threads = previous
 
 
+def mode() -> str:
+    """FLASHSAC_OPT_COMPILE_AHEAD: "off" (default); "wait" (1/true/yes/on: the first update waits
+    for the child); "background" (the training runs uncompiled until the child is done, then
+    compiles from its caches: Engine.defer_compile). Anything else is refused."""
+    value = os.environ.get(ENV_SWITCH, "0").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return "off"
+    if value in ("1", "true", "yes", "on", "wait"):
+        return "wait"
+    if value == "background":
+        return "background"
+    raise ValueError(f"{ENV_SWITCH}={value!r}: expected 0/off, 1/wait or background")
+
+
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
+    return mode() != "off"
 
 
 # Where a compile's time goes, from torch's own compile timers (torch._dynamo.utils'

@@ -100,6 +100,67 @@ def test_switch_and_devices_that_start_no_child(monkeypatch):
     assert not compile_ahead.enabled()
 
 
+def test_the_switch_names_its_modes_and_refuses_others(monkeypatch):
+    for value, expected in (("0", "off"), ("", "off"), ("1", "wait"), ("on", "wait"), ("background", "background")):
+        monkeypatch.setenv(compile_ahead.ENV_SWITCH, value)
+        assert compile_ahead.mode() == expected and compile_ahead.enabled() == (expected != "off")
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "later")
+    with pytest.raises(ValueError, match="expected 0/off, 1/wait or background"):
+        compile_ahead.mode()
+
+
+def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles(require_unilab, monkeypatch, tmp_path):
+    from torch._dynamo.utils import counters
+
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab import adapter
+
+    class Gate:  # a compile-ahead child whose end the test decides
+        def __init__(self):
+            self.running, self.report, self.waited_s = True, {"seconds": 1.5, "rows": 64}, None
+
+        def wait(self, timeout=None):
+            self.waited_s = 0.0
+            return True
+
+        def stop(self):
+            self.running = False
+
+    gate = Gate()
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: gate))
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
+    events = tmp_path / "startup_events.jsonl"
+    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
+    torch._dynamo.reset()
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+
+    class Context:
+        target_frequency, policy_before_critic = 1, False
+
+    learner.prepare_for_collection(Context())  # collection starts; nothing compiles
+    batch = synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0))
+    step = dict(updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    graphs = counters["stats"].get("unique_graphs", 0)
+    for _ in range(2):  # the child still compiles: no update waits, none is compiled
+        learner.update_cycle(batch, **step)
+    engine = learner.learner.engine
+    assert engine.compile_deferred and engine.compiled_names() == [] and counters["stats"].get("unique_graphs", 0) == graphs
+    assert learner.learner.iterations == 2 and learner.compile_ahead_report is None
+    gate.running = False  # the child is done: the next update compiles, and the training goes on compiled
+    learner.update_cycle(batch, **step)
+    assert not engine.compile_deferred and engine.compiled_names() == ["critic_step", "actor_step"]
+    assert counters["stats"].get("unique_graphs", 0) > graphs and learner.compile_ahead_report["ok"]
+    learner.update_cycle(batch, **step)
+    assert learner.learner.iterations == 4 and torch.isfinite(learner.learner.critic.params).all()
+    logged = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "first_update_start",
+                                            "first_update_end", "compile_ahead_done", "background_compile_switched"]
+    assert logged[4]["background"] and logged[4]["child_s"] == 1.5
+
+
 def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):
     from test_unilab_integration import _unilab_kwargs
 

@@ -41,6 +41,9 @@ PHASES = (
     ("start-up compile and capture", "prepare_for_collection_start_s", "prepare_for_collection_end_s"),
     ("collector start, learning_starts", ("prepare_for_collection_end_s", "prepare_for_collection_deferred_s"), "first_update_start_s"),
     ("first update (compile-ahead wait, compile)", "first_update_start_s", "first_update_end_s"),
+    # compile ahead in the background: the training runs uncompiled from its first update until
+    # the child is done, then compiles from its caches (after the first update: the bar goes on)
+    ("uncompiled training until the compiled switch", "first_update_end_s", "background_compile_switched_s"),
 )
 
 

@@ -32,6 +32,7 @@ import torch
 
 from flashsac_opt import compile_cache
 from flashsac_opt.compile_ahead import CompileAhead, parallel_compile
+from flashsac_opt.compile_ahead import mode as compile_ahead_mode
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
@@ -109,6 +110,10 @@ class UniLabFlashSACLearner:
             self.cfg, {"obs_dim": obs_dim, "critic_obs_dim": critic_obs_dim, "action_dim": action_dim},
             self.learner.device, compiled=self.learner.engine.compiled,
         )
+        # =background: no update waits for the child; until it is done they run uncompiled
+        self._background = self._compile_ahead is not None and compile_ahead_mode() == "background"
+        if self._background:
+            self.learner.engine.defer_compile()
         self.compile_ahead_report: dict[str, Any] | None = None
         self._gradient_sync: Any = None  # UniLab's, when the run is data parallel
         self.device = self.learner.device
@@ -159,24 +164,42 @@ class UniLabFlashSACLearner:
     ) -> None:
         del read_metrics  # metrics are always deferred to read_deferred_cycle_metrics
         with self._first_update():
-            self._finish_compile_ahead()
+            switching = self._finish_compile_ahead()
             if self._recorder is not None:
                 self._recorder.add(large_batch)
             self._set_schedule(target_frequency, policy_before_critic)
-            self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+            # the background mode's switch compiles here, from the child's caches; should the
+            # child have failed, cold: then on every CPU rather than UniLab's one worker
+            with parallel_compile() if switching else contextlib.nullcontext():
+                self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+            if switching:
+                if self.device.type == "cuda" and os.environ.get(STARTUP_EVENTS_ENV):
+                    torch.cuda.synchronize(self.device)
+                startup_event("background_compile_switched")
 
-    def _finish_compile_ahead(self) -> None:
-        """Once, before the first compile in this process: wait for the compile-ahead child."""
+    def _finish_compile_ahead(self) -> bool:
+        """Once, before the first compile in this process: wait for the compile-ahead child. In
+        the background mode only once the child is done (the update runs uncompiled until then);
+        the update that follows compiles from its caches: True then."""
         if self._compile_ahead is None:
-            return
+            return False
+        if self._background and self._compile_ahead.running:
+            return False
         ahead, self._compile_ahead = self._compile_ahead, None
         compiled = ahead.wait()
         self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s}
         startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s,
-                      child_s=(ahead.report or {}).get("seconds"))
+                      child_s=(ahead.report or {}).get("seconds"), background=self._background)
+        if self._background:
+            self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
+            if compiled:
+                print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the training ran "
+                      f"uncompiled until now and compiles from its caches", flush=True)
+            return True
         if compiled:
             print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
                   f"waited {ahead.waited_s:.1f} s for it", flush=True)
+        return False
 
     def read_deferred_cycle_metrics(self) -> dict[str, float]:
         metrics = self.learner.read_metrics()
