@@ -316,6 +316,27 @@ def test_gpu_iteration_has_no_host_sync(mode):
 
 
 @pytest.mark.gpu
+def test_gpu_graph_mode_captures_the_uncompiled_iteration_until_the_compile_is_wanted():
+    """defer_compile() in graph mode (compile ahead in the background): the uncompiled iteration
+    is captured and replayed (it tracks eager: the same kernels, C51's atomic adds aside), then
+    compile_now() compiles and captures anew, and the training goes on."""
+    dims = dict(batch_size=128, updates_per_step=4, actor_hidden_dim=64, critic_hidden_dim=128, num_atoms=51)
+    eager, learner = make("eager", "cuda", G1, **dims), make("graph", "cuda", G1, **dims)
+    learner.engine.defer_compile()
+    data = batches(learner, 6, device="cuda")
+    train(eager, data[:3])
+    train(learner, data[:3])
+    assert learner.engine.graph.captures == 1 and learner.engine.compiled_names() == []
+    for name in ("actor", "critic"):
+        assert rel(getattr(learner, name).params, getattr(eager, name).params) < 1e-5, name
+    learner.engine.compile_now()
+    train(learner, data[3:], seed=3)
+    assert learner.engine.graph.captures == 2 and learner.engine.compiled_names() != []
+    assert learner.iterations == 6 and torch.isfinite(learner.critic.params).all()
+    assert learner.read_metrics()["Learner/critic_updates_skipped"] == 0.0
+
+
+@pytest.mark.gpu
 def test_gpu_graph_mode_finite_guard_and_recapture():
     learner = make("graph", "cuda", G1, batch_size=128, updates_per_step=2, policy_frequency=1, actor_hidden_dim=64, critic_hidden_dim=128, num_atoms=51)
     data = batches(learner, 3, device="cuda")
