@@ -159,6 +159,13 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "first_update_start",
                                             "first_update_end", "compile_ahead_done", "background_compile_switched"]
     assert logged[4]["background"] and logged[4]["child_s"] == 1.5
+    # a data-parallel run stops the child (it compiles the single-process form): nothing is left deferred
+    gate = Gate()
+    ranked = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                          **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+    assert ranked.learner.engine.compile_deferred
+    ranked.set_gradient_sync(lambda params: None)
+    assert not gate.running and not ranked.learner.engine.compile_deferred
 
 
 def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):

@@ -305,6 +305,9 @@ class UniLabFlashSACLearner:
         if self._compile_ahead is not None:  # it compiles the single-process update form: of no use here
             self._compile_ahead.stop()
             self._compile_ahead = None
+            if self._background:  # nothing to wait for now: compile as usual
+                self.learner.engine.compile_now()
+                self._background = False
 
     def dp_initial_sync(self) -> dict[str, torch.Tensor]:
         """Called by UniLab's runner once its process group is up, before collection: the learner
