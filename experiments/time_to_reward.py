@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
 from common import REWARD_WINDOW, moving_mean, percentile, write_report  # noqa: E402
+from device.trainings import run_tag  # noqa: E402
 from report import plotting  # noqa: E402
 from report.plot_time_reward import TAG, band  # noqa: E402
 from report.summarize_startup import phases as startup_phases  # noqa: E402
@@ -267,7 +268,7 @@ def summarize_main(args, parser) -> int:
 def training_file(cfg: tuple, learner: str, mode: str, seed: int) -> str:
     """The JSON name experiments/device/trainings.py gives the run."""
     _, u, batch, envs, (replay_n, _) = cfg
-    return f"training_u{u}_b{batch}" + (f"_e{envs}" if envs != 256 else "") + f"_r{replay_n}_{learner}_{mode}_s{seed}.json"
+    return f"training_{run_tag(u, batch, envs, replay_n)}_{learner}_{mode}_s{seed}.json"
 
 
 def entry_name(cfg: tuple, learner: str, seed: int) -> str:

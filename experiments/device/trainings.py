@@ -111,6 +111,13 @@ def training_command(r: dict, args, root: Path, share: int, log_root: Path, outp
             *(f"--override={o}" for o in args.override)]
 
 
+def run_tag(updates: int, batch: int, envs: int, replay_buffer_n: int, name_tag: str | None = None) -> str:
+    """The configuration part of a training's name (training_<tag>_<learner>_<mode>_s<seed>): envs
+    other than 256, a replay other than seed 001's 32 and a name tag are spelled out."""
+    return (f"u{updates}_b{batch}" + (f"_e{envs}" if envs != 256 else "")
+            + (f"_r{replay_buffer_n}" if replay_buffer_n != 32 else "") + (f"_{name_tag}" if name_tag else ""))
+
+
 def _name_tag(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9]+(?:_[a-z0-9]+)*", text):
         raise argparse.ArgumentTypeError(f"a name tag is lower-case letters and digits joined by '_', got {text!r}")
@@ -175,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - time.monotonic() - planned
         eval_s = 0 if args.no_eval else EVAL_S
         share = int(r["startup"] + (left - eval_s - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
-        tag = (f"u{r['u']}_b{args.batch}" + (f"_e{args.envs}" if args.envs != 256 else "")
-               + (f"_r{args.replay_buffer_n}" if args.replay_buffer_n != 32 else "") + (f"_{args.name_tag}" if args.name_tag else ""))
+        tag = run_tag(r["u"], args.batch, args.envs, args.replay_buffer_n, args.name_tag)
         name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
         root = patched if r["learner"] == "flashsac_opt" else stock
         logs = args.work / f"logs_{name}"
