@@ -138,9 +138,14 @@ class UniLabFlashSACLearner:
         self._first_update_seen = True
         startup_event("first_update_start")
         yield
+        self._device_work_done("first_update_end")
+
+    def _device_work_done(self, event: str) -> None:
+        """The start-up milestone ``event`` once the device work queued so far is done: a
+        synchronize, only when the timeline is asked for (at most twice a run)."""
         if os.environ.get(STARTUP_EVENTS_ENV) and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # once, and only when the timeline is asked for
-        startup_event("first_update_end")
+            torch.cuda.synchronize(self.device)
+        startup_event(event)
 
     # ------------------------------------------------------------ whole cycle
     @property
@@ -173,9 +178,7 @@ class UniLabFlashSACLearner:
             with parallel_compile() if switching else contextlib.nullcontext():
                 self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
             if switching:
-                if self.device.type == "cuda" and os.environ.get(STARTUP_EVENTS_ENV):
-                    torch.cuda.synchronize(self.device)
-                startup_event("background_compile_switched")
+                self._device_work_done("background_compile_switched")
 
     def _finish_compile_ahead(self) -> bool:
         """Once, before the first compile in this process: wait for the compile-ahead child. In
