@@ -33,6 +33,23 @@ def moving_mean(values: list[float], window: int = REWARD_WINDOW) -> list[float]
     return ((sums[window:] - sums[:-window]) / window).tolist()
 
 
+def cuda_event_ms(fn: Callable[[], object], warmup: int, repeat: int) -> list[float]:
+    """Milliseconds of each of ``repeat`` calls of ``fn`` on the current CUDA stream, timed with
+    device events after ``warmup`` untimed ones."""
+    import torch
+
+    times = []
+    for i in range(warmup + repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return times
+
+
 def run_environment(device: str, packages: tuple[str, ...] = ()) -> dict:
     """Where and when a result was measured (stored in every experiment's JSON), with the
     installed versions of ``packages`` (None: not installed)."""

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
-from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
+from common import add_output_arguments, cuda_event_ms, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
 
 COLUMNS = ("cpu_sample", "h2d", "cpu_sample_h2d", "gpu_sample", "gpu_sample_graph")
@@ -72,16 +72,7 @@ def measure(capacity: int, width: int, rows: int, warmup: int, repeat: int) -> d
         return times
 
     def events(fn) -> list[float]:
-        times = []
-        for i in range(warmup + repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            if i >= warmup:
-                times.append(start.elapsed_time(end))
-        return times
+        return cuda_event_ms(fn, warmup, repeat)
 
     result = {
         "cpu_sample": host_clock(cpu_sample),

@@ -98,18 +98,11 @@ def measure_peaks(device: str = "cuda") -> dict[str, float]:
     random data (zeros run faster than real data)."""
     import torch
 
-    def median_ms(fn, reps: int = 20) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
+    from common import cuda_event_ms
+
+    def median_ms(fn) -> float:
+        times = sorted(cuda_event_ms(fn, warmup=3, repeat=20))
+        return times[len(times) // 2]
 
     src = torch.randn(2**28, device=device)  # 1 GiB of fp32
     dst = torch.empty_like(src)
