@@ -245,9 +245,6 @@ def ratios(cells: list[dict]) -> list[dict]:
     return out
 
 
-KERNEL_BYTES = False  # --kernel-bytes: Inductor's byte count per generated kernel (bench/roofline.py)
-
-
 def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -270,8 +267,11 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
         elif any(evt.name.startswith(api) for api in launch_apis):
             launches += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
-    gb_by_name, ambiguous = inductor_kernel_gb() if KERNEL_BYTES else (None, [])
-    bytes_fields = {"kernel_bytes_ambiguous": [n for n in ambiguous if n in by_name]} if KERNEL_BYTES else {}
+    from torch._inductor import config as inductor_config
+
+    counted = inductor_config.benchmark_kernel  # --kernel-bytes: each generated kernel carries its bytes
+    gb_by_name, ambiguous = inductor_kernel_gb() if counted else (None, [])
+    bytes_fields = {"kernel_bytes_ambiguous": [n for n in ambiguous if n in by_name]} if counted else {}
     return {
         "kernels_per_iteration": kernels / iterations,
         "launches_per_iteration": launches / iterations,
@@ -423,11 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             INDUCTOR_OPTIONS[key] = value
     if args.kernel_bytes:
-        import torch
+        from torch._inductor import config as inductor_config
 
-        global KERNEL_BYTES
-        KERNEL_BYTES = True
-        torch._inductor.config.benchmark_kernel = True  # every generated Triton kernel records kernel_num_gb
+        inductor_config.benchmark_kernel = True  # every generated Triton kernel records kernel_num_gb
     if any(v.startswith("unilab") for v in args.variants):
         try:
             import unilab.rl.algos.flash_sac.learner  # noqa: F401
