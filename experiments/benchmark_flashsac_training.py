@@ -159,13 +159,38 @@ def startup_timeline(path: Path, launched: float) -> dict | None:
         except json.JSONDecodeError:  # a line cut by a killed process
             continue
         name = event.pop("event", None)
-        if not name or f"{name}_s" in timeline:
+        if not name or name == RANK_END_EVENT or f"{name}_s" in timeline:
             continue
         timeline[f"{name}_s"] = round(event.pop("time") - launched, 3)
         event.pop("pid", None)
         if event:
             timeline[name] = event
     return timeline
+
+
+RANK_END_EVENT = "rank_end_state"  # a data-parallel rank's state digests at shutdown (the adapter)
+
+
+def data_parallel_end(path: Path) -> dict | None:
+    """The ranks' end-state digests a data-parallel flashsac_opt run logged at shutdown:
+    {world_size, ranks: [{rank, state_digest, networks_digest}], ranks_equal}; ranks_equal is
+    True only when every rank of the world logged one and all agree. None without any."""
+    if not path.exists():
+        return None
+    ranks: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == RANK_END_EVENT:
+            ranks[event["rank"]] = {k: event[k] for k in ("rank", "world_size", "state_digest", "networks_digest")}
+    if not ranks:
+        return None
+    world = max(r["world_size"] for r in ranks.values())
+    ends = [ranks[r] for r in sorted(ranks)]
+    same = {(r["state_digest"], r["networks_digest"]) for r in ends}
+    return {"world_size": world, "ranks": ends, "ranks_equal": len(ends) == world and len(same) == 1}
 
 
 def describe_timeline(timeline: dict | None) -> str:
@@ -419,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         "startup_timeline": timeline,
         # --stack-samples: per process, where its main thread was until the first update
         "startup_stacks": stack_report,
+        # data-parallel flashsac_opt: every rank's end-state digest (equal = bit-identical ranks)
+        "data_parallel": data_parallel_end(events),
         "timed": {
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
             "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",

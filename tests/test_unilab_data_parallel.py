@@ -163,7 +163,7 @@ def launch_two_cpu_ranks(site: Path, tmp_path: Path, iterations: int) -> tuple[l
     return command, env, logs
 
 
-def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path):
+def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path, monkeypatch):
     """`train --algo flashsac --task g1_walk_flat --sim mujoco` with two ranks on a CPU-only torch:
     UniLab's train infers them from CUDA_VISIBLE_DEVICES' two entries (rank slots here, patch 0003),
     rank 0 spawns rank 1, each runs its own MuJoCo collector (seed + rank) and flashsac_opt's learner
@@ -176,12 +176,21 @@ def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(
     from flashsac_opt.unilab.adapter import CHECKPOINT_NETWORKS
 
     command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=6)
+    events = tmp_path / "startup_events.jsonl"  # where the training benchmark reads the ranks' end states
+    env = dict(env, FLASHSAC_OPT_STARTUP_EVENTS=str(events))
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Training complete" in out and "Traceback" not in out, out[-4000:]
     lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", out))
     assert set(lines) == {"0", "1"}, out[-4000:]  # rank 1 ran too, in UniLab's group
     assert lines["0"] == lines["1"]  # bit-identical ranks at the end
+    # the same digests, as benchmark_flashsac_training's JSON reports them (its data_parallel field)
+    from test_experiments import REPO, load
+
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))  # the script's own imports, as when it runs
+    ends = load("benchmark_flashsac_training.py").data_parallel_end(events)
+    assert ends["world_size"] == 2 and ends["ranks_equal"] and [r["rank"] for r in ends["ranks"]] == [0, 1]
+    assert lines["0"] == f"state digest {ends['ranks'][0]['state_digest']} checkpoint networks digest {ends['ranks'][0]['networks_digest']}"
     (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_6.pt"))
     state = torch.load(checkpoint, weights_only=True)
     assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates

@@ -299,8 +299,10 @@ class UniLabFlashSACLearner:
                 # the whole learner state, and the networks of the checkpoint this rank would write
                 # (only rank 0 writes one): a test compares the latter with rank 0's file
                 networks = {k: v for k, v in self.get_state_dict().items() if k in CHECKPOINT_NETWORKS}
-                print(f"flashsac_opt: rank {dist.get_rank()} state digest {state_digest(self.learner.state_dict())}"
-                      f" checkpoint networks digest {state_digest(networks)}", flush=True)
+                digests = {"state_digest": state_digest(self.learner.state_dict()), "networks_digest": state_digest(networks)}
+                print(f"flashsac_opt: rank {dist.get_rank()} state digest {digests['state_digest']}"
+                      f" checkpoint networks digest {digests['networks_digest']}", flush=True)
+                startup_event("rank_end_state", rank=dist.get_rank(), world_size=dist.get_world_size(), **digests)
             return
         if not callable(sync):
             raise TypeError(f"set_gradient_sync expects UniLab's gradient all-reduce (a callable) or None, got {type(sync).__name__}")
