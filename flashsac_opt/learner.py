@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from flashsac_opt.devices import resolve_device
 from flashsac_opt.engine import Engine, NetworkUpdate, Schedule, mark_static
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
+
+if TYPE_CHECKING:
+    from flashsac_opt.data_parallel import RankAverager
 
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "dones", "truncated", "critic", "next_critic")
 # Columns of a per-update metrics row.
@@ -156,7 +160,7 @@ class FlashSACLearner:
             compile_cache_key={"dims": dict(self._dims), "config": asdict(cfg)},
         )
 
-    def enable_data_parallel(self, process_group: "torch.distributed.ProcessGroup | bool" = True) -> None:
+    def enable_data_parallel(self, process_group: "torch.distributed.ProcessGroup | bool" = True, averager: "RankAverager | None" = None) -> None:
         """Make this learner one rank of a data-parallel learner over ``process_group`` (True:
         the default group), before its first update: rank 0's networks are broadcast to every
         rank and the engine is rebuilt with the all-reduce between loss and step. The state
@@ -168,7 +172,9 @@ class FlashSACLearner:
             raise ValueError("this learner is data parallel already")
         if self.engine.fused_update is not None:
             raise ValueError("enable_data_parallel() must come before the first update (the update functions are built)")
-        averager = RankAverager(None if process_group is True else process_group)
+        # ``averager``: other collectives with RankAverager's interface (benchmark_multigpu's
+        # comparison with UniLab's gradient all-reduce); by default RankAverager's one bucket
+        averager = averager or RankAverager(None if process_group is True else process_group)
         # the compile-cache file may be a per-rank path; everything else must agree
         config = {k: v for k, v in asdict(self.cfg).items() if k != "compile_cache_file"}
         check_same_config(averager, {"config": config, "dims": self._dims})

@@ -16,6 +16,11 @@ collective (``fused_update=False``, world 1). Without that cell (eager mode, or
 Replay traffic per iteration (seed 003 Tier 2): rows and bytes each rank samples (on its own
 GPU: no H2D), the global sum, the bytes each rank all-reduces, and the global sample:new
 ratio against one collector writing --new-rows rows per iteration (2048: motion tracking).
+--grad-sync unilab|both (issue 19: UniLab's gradient all-reduce or flashsac_opt's own averager,
+whichever is faster in graph mode): the multi-rank cells average the gradient with UniLab 1.5.2's
+DpParameterSync.allreduce_gradients (its pack, all-reduce, divide, unpack), and the loss, BN
+running statistics and entropy, which the ranks must also agree on, in a second all-reduce; the
+default is flashsac_opt's one bucket per network update. U64 is the G1 training's update shape.
 
     python experiments/bench/benchmark_multigpu.py --nproc 1 2 4 8 --workloads W3 W4 \\
         --output results/multigpu/benchmark_multigpu.json --plot results/multigpu/benchmark_multigpu.png
@@ -43,6 +48,8 @@ from report import plotting  # noqa: E402
 
 WORKLOADS = {
     "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
+    # the 256-env G1 trainings at 64 updates per iteration (time to reward, issue 19's U64 runs)
+    "U64": dict(batch_size=256, updates_per_step=64, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
     "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
     # tiny, for the CPU smoke run in CI
     "T": dict(batch_size=16, updates_per_step=4, policy_frequency=2, obs_dim=12, critic_obs_dim=15, action_dim=4,
@@ -50,6 +57,33 @@ WORKLOADS = {
 }
 DIM_KEYS = ("obs_dim", "critic_obs_dim", "action_dim")
 TEARDOWN_GRACE_S = 30.0  # how long ranks that wrote their results may take to exit
+
+
+def unilab_gradient_averager(world: int, rank: int, backend: str):
+    """A RankAverager whose gradient goes through UniLab's own all-reduce (the callable UniLab's
+    runner hands to ``set_gradient_sync``); the rest of the bucket through a second all-reduce."""
+    import torch
+    from unilab.rl.runtime.distributed.sync import DpParameterSync
+
+    from flashsac_opt.data_parallel import RankAverager
+
+    class UniLabGradientAverager(RankAverager):
+        def __init__(self) -> None:
+            super().__init__()
+            # the process group is up already (the worker's): start() is never called, and
+            # allreduce_gradients uses the default group
+            self.sync = DpParameterSync(world_size=world, rank=rank, rendezvous_path="unused", backend=backend)
+            self.holders: dict[int, torch.nn.Parameter] = {}  # one per flat gradient size: a stable packing buffer
+
+        def average(self, grad, *rest):
+            holder = self.holders.get(grad.numel())
+            if holder is None:
+                holder = self.holders[grad.numel()] = torch.nn.Parameter(torch.empty_like(grad))
+            holder.grad = grad  # averaged in place
+            self.sync.allreduce_gradients([holder])
+            return [grad, *(super().average(*rest) if rest else [])]
+
+    return UniLabGradientAverager()
 
 
 def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> None:
@@ -81,7 +115,10 @@ def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> 
                              fused_update=fused, dp_broadcast_params=spec["broadcast_params"])
         torch.manual_seed(rank)
         start = time.perf_counter()
-        learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 else None, **dims)
+        unilab_sync = world > 1 and spec["grad_sync"] == "unilab"
+        learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 and not unilab_sync else None, **dims)
+        if unilab_sync:
+            learner.enable_data_parallel(True, unilab_gradient_averager(world, rank, "nccl" if cuda else "gloo"))
         replay = GPUReplay(spec["capacity"], device=device, seed=1000 + rank, **dims)
         replay.extend(synthetic_batch(spec["capacity"], generator=torch.Generator().manual_seed(rank), device=device, **dims))
         u, pf, bsz = cfg.updates_per_step, cfg.policy_frequency, cfg.batch_size
@@ -161,11 +198,11 @@ def wait_for_ranks(ctx, path: str, world: int, cell_timeout: float) -> tuple[boo
             return True, None  # measured, then stuck tearing the process group down
 
 
-def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
+def run_world(world: int, wname: str, args, fused: bool = True, grad_sync: str = "flashsac_opt") -> dict:
     import torch.multiprocessing as mp
 
     spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
-            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": {"auto": None, "on": True, "off": False}[args.broadcast_params], "stack_dump_after": max(1.0, args.cell_timeout - 15)}
+            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": {"auto": None, "on": True, "off": False}[args.broadcast_params], "grad_sync": grad_sync, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
         store = os.path.join(tmp, "rendezvous")
@@ -176,7 +213,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
     r0 = ranks[0]
     return {
         "workload": wname, "world_size": world, "fused_update": r0["fused_update"], "broadcast_params": r0["broadcast_params"],
-        "baseline_of_collectives": world == 1 and not fused, **{k: w[k] for k in ("batch_size", "updates_per_step", "policy_frequency")},
+        "baseline_of_collectives": world == 1 and not fused, "grad_sync": grad_sync if world > 1 else None, **{k: w[k] for k in ("batch_size", "updates_per_step", "policy_frequency")},
         "ms_median": statistics.median(r0["ms"]), "ms_p90": percentile(r0["ms"], 0.9),
         "ms_median_slowest_rank": max(statistics.median(r["ms"]) for r in ranks),
         "global_updates_per_s": world * w["updates_per_step"] / (statistics.median(r0["ms"]) / 1e3),
@@ -184,6 +221,7 @@ def run_world(world: int, wname: str, args, fused: bool = True) -> dict:
         "peak_memory_mib_max": max((r["peak_memory_mib"] or 0.0) for r in ranks) or None,
         "finite": all(r["finite"] for r in ranks),
         "ranks_bit_identical": len({r["state_sha256"] for r in ranks}) == 1,
+        "state_sha256_rank0": r0["state_sha256"],  # the same synthetic data and seeds: cells comparable
         "rows_sampled_per_rank": r0["rows_sampled"], "bytes_sampled_per_rank": r0["bytes_sampled"],
         "bytes_sampled_global": sum(r["bytes_sampled"] for r in ranks),
         "h2d_bytes_per_rank": 0,  # rank-local GPU replay: sampled on the device
@@ -232,13 +270,14 @@ def plot(report: dict, path: Path) -> None:
     fig, axes = plotting.subplots(1, max(len(workloads), 1), figsize=(5.5 * max(len(workloads), 1), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads):
         rows = sorted((c for c in cells if c["workload"] == wname),
-                      key=lambda c: (c["world_size"], not c.get("baseline_of_collectives", False)))
+                      key=lambda c: (c["world_size"], not c.get("baseline_of_collectives", False), c.get("grad_sync") == "unilab"))
 
         def label(c: dict) -> str:
-            text = f"{c['ms_median']:.2f} ms\n" + ("no all-reduce" if c.get("baseline_of_collectives") else f"{c.get('scaling_efficiency', 1.0):.0%}")
+            text = ("UniLab's gradient all-reduce\n" if c.get("grad_sync") == "unilab" else "") + f"{c['ms_median']:.2f} ms\n" + ("no all-reduce" if c.get("baseline_of_collectives") else f"{c.get('scaling_efficiency', 1.0):.0%}")
             return text + ("\nranks not bit-identical" if c["world_size"] > 1 and c.get("ranks_bit_identical") is False else "")
 
-        plotting.bars(ax, [f"{c['world_size']}\n(unfused)" if c.get("baseline_of_collectives") else str(c["world_size"]) for c in rows],
+        plotting.bars(ax, [f"{c['world_size']}\n(unfused)" if c.get("baseline_of_collectives") else
+                           f"{c['world_size']}\n(UniLab sync)" if c.get("grad_sync") == "unilab" else str(c["world_size"]) for c in rows],
                       [c["ms_median"] for c in rows], [label(c) for c in rows],
                       upper=[c["ms_p90"] - c["ms_median"] for c in rows],
                       color=["#9ecae1" if c.get("baseline_of_collectives") else "#08519c" for c in rows])
@@ -264,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broadcast-params", choices=("auto", "on", "off"), default="auto",
                         help="dp_broadcast_params: rank 0's parameters broadcast once per iteration (bit-identical ranks by "
                              "construction); auto = the learner's default (on in compiled modes on CUDA)")
+    parser.add_argument("--grad-sync", choices=("flashsac_opt", "unilab", "both"), default="flashsac_opt",
+                        help="the multi-rank cells' gradient all-reduce: flashsac_opt's one bucket, UniLab's callable, or each in turn")
     parser.add_argument("--cell-timeout", type=float, default=300.0, help="seconds one world size may take (compile included)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
@@ -295,15 +336,17 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment(args), "command": " ".join(["python", *sys.argv]), "cells": [],
     }
     for wname in args.workloads:
-        worlds = [(n, True) for n in sorted(set(args.nproc))]
+        syncs = ["flashsac_opt", "unilab"] if args.grad_sync == "both" else [args.grad_sync]
+        worlds = [(n, True, sync) for n in sorted(set(args.nproc)) for sync in (syncs if n > 1 else ["flashsac_opt"])]
         if args.mode != "eager" and args.unfused_baseline and 1 in args.nproc and any(n > 1 for n in args.nproc):
-            worlds.insert(1, (1, False))  # before the multi-rank runs: they reuse its compiled code
-        for world, fused in worlds:
-            print(f"== {wname} x {world} ranks{'' if fused else ' (unfused: the data-parallel code path)'}", flush=True)
+            worlds.insert(1, (1, False, "flashsac_opt"))  # before the multi-rank runs: they reuse its compiled code
+        for world, fused, sync in worlds:
+            print(f"== {wname} x {world} ranks{'' if fused else ' (unfused: the data-parallel code path)'}"
+                  f"{' (UniLab gradient all-reduce)' if world > 1 and sync == 'unilab' else ''}", flush=True)
             try:
-                cell = run_world(world, wname, args, fused)
+                cell = run_world(world, wname, args, fused, sync)
             except Exception as exc:  # keep measuring the other cells  # noqa: BLE001
-                cell = {"workload": wname, "world_size": world, "baseline_of_collectives": not fused,
+                cell = {"workload": wname, "world_size": world, "baseline_of_collectives": not fused, "grad_sync": sync if world > 1 else None,
                         "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             report["cells"].append(cell)
             add_scaling(report["cells"])
