@@ -411,6 +411,34 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert bad.returncode == 2 and "not a benchmark_flashsac_training.py report" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_summarize_trainings_compares_data_parallel_runs_with_stock_on_as_many_gpus(tmp_path):
+    """A 2-GPU run's ratio is against stock UniLab on 2 GPUs, never the 1-GPU stock run; the table
+    says how many GPUs and whether flashsac_opt's ranks ended bit-identical."""
+    folder = REPO / "results" / "trainings"
+    stock1, ours1 = (json.loads((folder / f"training_u8_b256_{n}_graph_s1.json").read_text()) for n in ("unilab", "flashsac_opt"))
+    stock2, ours2 = json.loads(json.dumps(stock1)), json.loads(json.dumps(ours1))
+    stock2["environment"].update(cuda_visible_devices="0,1", device="cuda")
+    stock2["learner_train_ms"]["median"] = 2 * stock1["learner_train_ms"]["median"]
+    digests = {"state_digest": "a", "networks_digest": "b"}
+    ours2["data_parallel"] = {"world_size": 2, "ranks": [{"rank": 0, **digests}, {"rank": 1, **digests}], "ranks_equal": True}
+    paths = []
+    for name, report in (("s1", stock1), ("o1", ours1), ("s2", stock2), ("o2", ours2)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(report))
+    out, md = tmp_path / "summary.json", tmp_path / "summary.md"
+    done = run("report/summarize_trainings.py", *map(str, paths), "--output", str(out), "--markdown", str(md))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())["runs"]
+    by = {(r["learner"], r["gpus"]): r for r in summary}
+    s1, o1, s2, o2 = (by[k] for k in (("unilab", 1), ("flashsac_opt", 1), ("unilab", 2), ("flashsac_opt", 2)))
+    assert o1["learner_ms_vs_unilab_default"] == o1["learner_ms_median"] / s1["learner_ms_median"]
+    assert o2["learner_ms_vs_unilab_default"] == o2["learner_ms_median"] / s2["learner_ms_median"]
+    assert (o1["ranks_bit_identical"], o2["ranks_bit_identical"]) == (None, True)
+    lines = dict(zip((r["file"] for r in summary), md.read_text().splitlines()[2:], strict=True))
+    assert lines["o2.json"].startswith("| 8 | 256 | flashsac_opt | graph | 1 | 2 |") and lines["o2.json"].endswith("| yes |")
+    assert lines["o1.json"].endswith("|  |") and "| 1 |" in lines["o1.json"]
+
+
 class _Ranks:
     """A stand-in for torch.multiprocessing's spawn context: join() raises as a rank that died does."""
 

@@ -6,7 +6,9 @@ without being stopped is marked: it crashed), whether the Inductor cache was war
 (as the report recorded it; unknown where it did not), when its first learner iteration came
 (seconds from UniLab's launch: start-up and compile), learner / iteration / collector ms
 (median and p90 over the run's summarized tail) and reward, plus the learner-time ratio against stock UniLab's default (whole-cycle
-graph) run of the same updates, batch and seed when one is among the inputs. Writes JSON and
+graph) run of the same updates, batch, seed and number of GPUs when one is among the inputs. A
+data-parallel run (UniLab's launch, one rank per visible GPU) says on how many GPUs it ran and,
+for flashsac_opt, whether its ranks ended bit-identical (the ranks' end-state digests). Writes JSON and
 a markdown table; with --plot, a bar chart of learner ms per configuration.
 
     python experiments/report/summarize_trainings.py results/trainings/training_*.json \\
@@ -28,6 +30,16 @@ from report import plotting  # noqa: E402
 REFERENCE = ("unilab", "graph")  # stock UniLab's default learner
 
 
+def gpus_of(report: dict) -> int:
+    """How many GPUs (data-parallel ranks) the training used: the ranks flashsac_opt reported, else
+    UniLab's launch of one rank per entry of CUDA_VISIBLE_DEVICES on a CUDA run, else 1."""
+    if report.get("data_parallel"):
+        return report["data_parallel"]["world_size"]
+    env = report["environment"]
+    visible = [d for d in (env.get("cuda_visible_devices") or "").split(",") if d.strip()]
+    return len(visible) if env.get("device") == "cuda" and visible else 1
+
+
 def summarize_run(path: Path) -> dict:
     report = json.loads(path.read_text())
     if report.get("experiment") != "benchmark_flashsac_training":
@@ -43,7 +55,9 @@ def summarize_run(path: Path) -> dict:
     return {
         "file": path.name,
         "updates_per_step": cfg["updates_per_step"], "batch_size": cfg["batch_size"], "num_envs": cfg["num_envs"],
-        "learner": report["learner"], "mode": report["mode"], "seed": cfg["seed"],
+        "learner": report["learner"], "mode": report["mode"], "seed": cfg["seed"], "gpus": gpus_of(report),
+        # flashsac_opt data parallel: every rank's end state equal (None: one GPU, or stock UniLab)
+        "ranks_bit_identical": (report.get("data_parallel") or {}).get("ranks_equal"),
         "iterations_planned": cfg["iterations"], "iterations_logged": report["iterations_logged"],
         "stopped_by_time_limit": report["stopped_by_time_limit"], "completed": completed,
         "first_learner_iteration_s": min((r["wall_s"] for r in rows_all if "wall_s" in r), default=None),
@@ -63,7 +77,8 @@ def summarize_run(path: Path) -> dict:
 def add_ratios(runs: list[dict]) -> None:
     for run in runs:
         ref = next((r for r in runs if (r["learner"], r["mode"]) == REFERENCE and r["seed"] == run["seed"]
-                    and r["updates_per_step"] == run["updates_per_step"] and r["batch_size"] == run["batch_size"]), None)
+                    and r["updates_per_step"] == run["updates_per_step"] and r["batch_size"] == run["batch_size"]
+                    and r.get("gpus", 1) == run.get("gpus", 1)), None)
         if ref and ref["learner_ms_median"] and run["learner_ms_median"] is not None:
             run["learner_ms_vs_unilab_default"] = run["learner_ms_median"] / ref["learner_ms_median"]
 
@@ -78,25 +93,27 @@ def markdown(runs: list[dict]) -> str:
     ("unknown" for reports written before it recorded one)."""
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     lines = [
-        "| updates | batch | learner | mode | seed | iterations | Inductor cache at launch | first update after launch (s) "
-        "| learner ms median (p90) | learner vs UniLab default | iteration ms | collector ms | last reward |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| updates | batch | learner | mode | seed | GPUs | iterations | Inductor cache at launch | first update after launch (s) "
+        "| learner ms median (p90) | learner vs UniLab default | iteration ms | collector ms | last reward | ranks bit-identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         its = f"{r['iterations_logged']}" + (" (time limit)" if r["stopped_by_time_limit"] else "")
         its += "" if r["completed"] else " (ended early: crashed)"
         lines.append(
-            f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} | {its} "
+            f"| {r['updates_per_step']} | {r['batch_size']} | {r['learner']} | {r['mode']} | {r['seed']} | {r['gpus']} | {its} "
             f"| {CACHE[r['inductor_cache_warm_at_launch']]} | {fmt(r['first_learner_iteration_s'], '.0f')} "
             f"| {fmt(r['learner_ms_median'], '.2f')} ({fmt(r['learner_ms_p90'], '.2f')}) "
             f"| {fmt(r.get('learner_ms_vs_unilab_default'), '.2f')} | {fmt(r['iter_ms_median'], '.1f')} "
-            f"| {fmt(r['collector_ms_median'], '.1f')} | {fmt(r['reward_last'], '.2f')} |"
+            f"| {fmt(r['collector_ms_median'], '.1f')} | {fmt(r['reward_last'], '.2f')} "
+            f"| {'' if r['ranks_bit_identical'] is None else 'yes' if r['ranks_bit_identical'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    labels = [f"U{r['updates_per_step']} B{r['batch_size']}\n{r['learner']} {r['mode']} s{r['seed']}" for r in runs]
+    labels = [f"U{r['updates_per_step']} B{r['batch_size']}" + (f" x{r['gpus']} GPUs" if r["gpus"] > 1 else "")
+              + f"\n{r['learner']} {r['mode']} s{r['seed']}" for r in runs]
     values = [r["learner_ms_median"] or 0.0 for r in runs]
     fig, ax = plotting.subplots(figsize=(max(8, 1.6 * len(runs)), 4.5))
     plotting.bars(ax, range(len(runs)), values, [f"{v:.2f}" for v in values],
