@@ -446,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         "startup_stacks": stack_report,
         # data-parallel flashsac_opt: every rank's end-state digest (equal = bit-identical ranks)
         "data_parallel": data_parallel_end(events),
+        # NCCL settings exported to the training (UniLab 1.5.2 sets NCCL_P2P_DISABLE and
+        # NCCL_SHM_DISABLE to 1 where these do not name them: all-reduces over TCP loopback)
+        "nccl_exported": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         "timed": {
             "learner_train_ms": "UniLab Perf/learning_time: update phase + metrics read + stream synchronize",
             "collector_cycle_ms": "sum of the collector's cycle-phase timings (Perf/collector_*), as UniLab's panel",

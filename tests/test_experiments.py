@@ -137,6 +137,7 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert report["environment"]["device"] == "cpu" and report["unilab_patches"]["0001-flashsac-opt-learner"] == "applied"
     # the Inductor cache the training found at launch (set above): one file there, so a warm start
     assert report["inductor_cache_at_launch"] == {"dir": str(cache), "files": 1, "warm": True}
+    assert report["data_parallel"] is None and all(k.startswith("NCCL_") for k in report["nccl_exported"])  # one CPU rank
     # the learner's start-up milestones, in order, before the first iteration's event
     t = report["startup_timeline"]
     assert t["learner_constructed"] == {"compile_ahead": False, "learner_mode": "eager"}

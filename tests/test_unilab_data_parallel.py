@@ -122,6 +122,20 @@ def test_ranks_with_different_batch_sizes_fail_at_start_naming_the_field(tmp_pat
         assert "same learner configuration" in refused and "config.batch_size (rank 0: 32, rank 1: 64)" in refused
 
 
+def test_a_cuda_run_with_nccls_fast_transports_off_is_told_how_to_turn_them_on():
+    """UniLab's DpParameterSync sets NCCL_P2P_DISABLE / NCCL_SHM_DISABLE to 1 unless exported; on
+    CUDA the adapter names the variables that are off and the export that turns them on; CPU
+    (gloo) and exported values are left alone."""
+    from flashsac_opt.unilab.adapter import nccl_transport_notice
+
+    both_off = nccl_transport_notice("cuda", {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"})
+    assert "NCCL_P2P_DISABLE and NCCL_SHM_DISABLE=1" in both_off and "export NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0" in both_off
+    assert "NCCL_SHM_DISABLE" not in nccl_transport_notice("cuda", {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "0"}).split("=1")[0]
+    assert nccl_transport_notice("cuda", {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"}) is None
+    assert nccl_transport_notice("cuda", {}) is None
+    assert nccl_transport_notice("cpu", {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}) is None
+
+
 def test_the_data_parallel_hooks_refuse_misuse(require_unilab):
     import torch
 

@@ -69,6 +69,19 @@ def startup_event(event: str, **extra: Any) -> None:
             f.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **extra}) + "\n")
 
 
+def nccl_transport_notice(device_type: str, environ: dict[str, str]) -> str | None:
+    """What a data-parallel CUDA run should be told when NCCL's peer-to-peer and shared-memory
+    transports are off, as UniLab 1.5.2's DpParameterSync turns them off unless exported (it found
+    them broken on some hosts): every all-reduce then crosses TCP loopback. On two H200s that made
+    the U64 learner ~280 ms an iteration for stock and patched alike (results/data_parallel/)."""
+    off = [name for name in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE") if environ.get(name) == "1"]
+    if device_type != "cuda" or not off:
+        return None
+    return (f"flashsac_opt: {' and '.join(off)}=1 (UniLab's default unless exported): NCCL's all-reduces go over TCP "
+            "loopback, which bounds data-parallel learning at high updates per step. Where the GPUs reach each other "
+            "(NVLink, PCIe P2P), export NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0 before `train` (docs/multi_gpu.md).")
+
+
 def build_unilab_learner(*, device: str | torch.device, learner_mode: str = "graph", **learner_kwargs: Any) -> "UniLabFlashSACLearner":
     return UniLabFlashSACLearner(device=device, learner_mode=learner_mode, **learner_kwargs)
 
@@ -321,6 +334,9 @@ class UniLabFlashSACLearner:
         if self._gradient_sync is None:
             raise RuntimeError("dp_initial_sync() needs set_gradient_sync() first (UniLab's runner calls both)")
         if self.learner.averager is None:
+            notice = nccl_transport_notice(self.device.type, dict(os.environ))
+            if notice and torch.distributed.get_rank() == 0:  # once per run (the group is up here)
+                print(notice, file=sys.stderr, flush=True)
             self.learner.enable_data_parallel(True)
         return self.learner.network_tensors()
 
