@@ -243,6 +243,8 @@ DETAIL_TAGS = {
     "inference_forward_ms": "Perf/learner_inference_forward_ms",
     "collector_update_state_ms": "Perf/collector_env_step_update_state_ms",
     "collector_reset_done_ms": "Perf/collector_env_step_reset_done_ms",
+    # stock UniLab data parallel: its gradient all-reduces' GPU time per rank (its own events)
+    "dp_gradient_sync_ms": "Perf/dp_gradient_sync_ms_per_rank",
 }
 
 
