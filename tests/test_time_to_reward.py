@@ -220,3 +220,25 @@ def test_trainings_names_a_tagged_configuration_and_sizes_limits_by_the_given_st
     for bad in (["--name-tag", "CPU carrier"], ["--startup-s", "220"], ["--startup-s", "0,90"]):
         refused = dry(*bad)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, bad
+
+
+def test_trainings_builds_unilabs_native_extension_from_the_copy_before_any_timed_run(site, tmp_path):
+    """The copy's own replay pipeline module is imported (not the installed UniLab's) and its
+    extension built or reported unavailable (a CPU-only torch has no CUDA toolkit); a copy whose
+    module fails stops the call instead of timing a training that will pay the build."""
+    import torch
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trainings", REPO / "experiments" / "device" / "trainings.py")
+    trainings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainings)
+    state, seconds = trainings.prebuild_native_extension(site)
+    assert state == ("built" if torch.cuda.is_available() else "unavailable") and seconds > 0
+    broken = tmp_path / "broken" / "unilab" / "rl" / "runtime" / "ipc" / "replay_pipelines"
+    broken.mkdir(parents=True)
+    for d in [broken, *broken.parents][:5]:
+        (d / "__init__.py").write_text("")
+    (broken / "native_h2d.py").write_text("raise ImportError('a half-copied UniLab')\n")
+    with pytest.raises(SystemExit, match="native H2D extension"):
+        trainings.prebuild_native_extension(tmp_path / "broken")

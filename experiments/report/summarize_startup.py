@@ -107,7 +107,7 @@ def plot(runs: dict, path: Path) -> None:
     from report import plotting
 
     shown = {n: r for n, r in runs.items() if r.get("first_update_s") is not None}
-    fig, ax = plotting.subplots(figsize=(11, 1.5 + 0.6 * len(shown)))
+    fig, ax = plotting.subplots(figsize=(11, 2.8 + 0.6 * len(shown)))
     names = list(shown)
     left = [0.0] * len(names)
     for phase, _, _ in PHASES:
@@ -118,7 +118,8 @@ def plot(runs: dict, path: Path) -> None:
     ax.barh(names, rest, left=left, color="lightgrey", label="no milestones (stock UniLab) / after the first update's end")
     plotting.finish_axis(ax, "seconds since UniLab's train was launched", "", "Launch -> first learner update, by phase", legend=False)
     ax.invert_yaxis()
-    ax.legend(fontsize=7, loc="lower right")
+    # under the bars, so it never hides one
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, frameon=False)
     plotting.save(fig, path)
 
 
