@@ -22,17 +22,18 @@ is stopped at the parent's interpreter exit, and ends itself within a second whe
 dies without one (killed).
 A child that fails or is stopped leaves one warning; the parent then compiles by itself.
 
-Off by default; ``FLASHSAC_OPT_COMPILE_AHEAD=1`` turns it on (the first update waits for the
-child), ``=background`` goes further: the training does not wait at all, its iterations run
-uncompiled (in graph mode captured as they are) until the child is done, and then it compiles
-from the child's caches (seconds) and goes on compiled (``Engine.defer_compile``). In real U64 trainings on the H200
-(results/startup/startup_summary.json) UniLab left 6-29 s between the learner's construction
-and its first update to overlap, and the training process then reused none of the child's
-graphs: the child had set its matmul precision with torch.set_float32_matmul_precision, which
-also changes ``matmul.fp32_precision``, part of Inductor's FX-graph cache key. It now copies
-those settings one by one (MATMUL_SETTINGS); on CPU the parent then finds every graph
-(tests/test_compile_ahead.py). Until a UniLab run on the GPU shows a gain, the start-up compile
-runs in ``prepare_for_collection`` on every CPU (``parallel_compile``).
+``FLASHSAC_OPT_COMPILE_AHEAD`` picks the mode. ``background`` (the default): the training does
+not wait at all, its iterations run uncompiled (in graph mode captured as they are) until the
+child is done, and then it compiles from the child's caches (seconds) and goes on compiled
+(``Engine.defer_compile``). On the H200, U64 G1 training (results/startup/background_2026-12-01/):
+first update 62.4 s from launch on a cold cache (20 s of it UniLab's own extension build),
+43.2 s warm, stock UniLab eager 44.5 s; the plain cold start had its first update at 111.4 s
+(another call, results/time_to_reward/). ``1``/``wait``: the first update waits for the child
+(in an earlier U64 run UniLab left only 6-29 s to overlap). ``0``/``off``: the start-up compile
+runs in ``prepare_for_collection`` on every CPU (``parallel_compile``). The child copies the
+parent's matmul settings one by one (MATMUL_SETTINGS): ``torch.set_float32_matmul_precision``
+would change ``matmul.fp32_precision``, part of Inductor's FX-graph cache key, and the parent
+would reuse none of the child's graphs (as in that earlier run).
 
     python -m flashsac_opt.compile_ahead SPEC.json    # the child (CompileAhead starts it)
 """
@@ -89,10 +90,10 @@ def parallel_compile(threads: int | None = None) -> Iterator[None]:
 
 
 def mode() -> str:
-    """FLASHSAC_OPT_COMPILE_AHEAD: "off" (default); "wait" (1/true/yes/on: the first update waits
-    for the child); "background" (the training runs uncompiled until the child is done, then
-    compiles from its caches: Engine.defer_compile). Anything else is refused."""
-    value = os.environ.get(ENV_SWITCH, "0").strip().lower()
+    """FLASHSAC_OPT_COMPILE_AHEAD: "background" (default: the training runs uncompiled until the
+    child is done, then compiles from its caches: Engine.defer_compile); "wait" (1/true/yes/on:
+    the first update waits for the child); "off" (0/false/no/off/empty). Anything else is refused."""
+    value = os.environ.get(ENV_SWITCH, "background").strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return "off"
     if value in ("1", "true", "yes", "on", "wait"):
@@ -244,7 +245,7 @@ class CompileAhead:
     def start_if_useful(cls, cfg: Any, dims: Mapping[str, int], device: torch.device, *, compiled: bool) -> "CompileAhead | None":
         """A child for a compiled learner on CUDA when turned on; None otherwise (eager has
         nothing to compile, and on CPU the compile would take the cores the collector needs)."""
-        if not compiled or torch.device(device).type != "cuda" or not enabled():
+        if not compiled or torch.device(device).type != "cuda" or not torch.cuda.is_available() or not enabled():
             return None
         return cls(cfg, dims, device)
 

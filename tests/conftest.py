@@ -6,6 +6,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
+# Compile ahead (background by default for a compiled learner on CUDA) would make every GPU test
+# of the adapter defer its compile to a child: the tests that exercise it set the switch
+# themselves; the rest test the compile in prepare_for_collection.
+os.environ.setdefault("FLASHSAC_OPT_COMPILE_AHEAD", "0")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -90,8 +90,11 @@ def test_child_ends_itself_when_its_parent_is_killed():
 def test_switch_and_devices_that_start_no_child(monkeypatch):
     cfg = small_cfg()
     monkeypatch.delenv(compile_ahead.ENV_SWITCH, raising=False)
-    assert not compile_ahead.enabled()  # off by default (see the module doc for why)
-    assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cuda", 0), compiled=True) is None
+    assert compile_ahead.mode() == "background"  # the default (measured: the module doc)
+    if not torch.cuda.is_available():  # a CUDA learner on a machine without CUDA: nothing to start
+        assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cuda", 0), compiled=True) is None
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "0")
+    assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cuda", 0), compiled=True) is None  # off
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "1")
     assert compile_ahead.enabled()
     assert CompileAhead.start_if_useful(cfg, DIMS, torch.device("cpu"), compiled=True) is None  # CPU: collector's cores

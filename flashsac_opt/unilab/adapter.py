@@ -116,9 +116,9 @@ class UniLabFlashSACLearner:
         values["compile_cache_file"] = unilab_compile_cache_file(values.get("compile_cache_file"))
         self.cfg = FlashSACConfig(learner_mode=learner_mode, **values)
         self.learner = FlashSACLearner(self.cfg, obs_dim, critic_obs_dim, action_dim, device=device)
-        # With FLASHSAC_OPT_COMPILE_AHEAD=1: compiles in a child process from here on, while UniLab
-        # starts the collector and collects learning_starts; the first update waits for it
-        # (compile_ahead.py; off by default: measured no gain yet).
+        # A compiled learner on CUDA compiles in a child process from here on, while UniLab starts
+        # the collector and collects learning_starts (compile_ahead.py; FLASHSAC_OPT_COMPILE_AHEAD:
+        # background by default, wait, or off).
         self._compile_ahead = CompileAhead.start_if_useful(
             self.cfg, {"obs_dim": obs_dim, "critic_obs_dim": critic_obs_dim, "action_dim": action_dim},
             self.learner.device, compiled=self.learner.engine.compiled,
