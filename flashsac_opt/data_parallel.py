@@ -21,6 +21,12 @@ iteration (NCCL collectives are capturable), so an iteration is still one graph 
 
 gloo (CPU) has no AVG reduction: the bucket is summed and divided by the world size.
 
+UniLab's ``training.dp_gradient_wire_dtype: bfloat16`` (opt-in; the adapter reads it from the
+sync UniLab hands over) sends the gradient as bf16, as UniLab's own all-reduce does for fp32
+groups of at least 1024 elements: rounded to bf16, summed, restored to fp32, multiplied by
+1/world_size. The rest of the bucket (loss, BN statistics, entropy) stays fp32, in a second
+all-reduce. Half the gradient bytes, for a transport-bound run (NCCL over TCP loopback).
+
 ``dp_broadcast_params`` (config; default: on in compiled modes on CUDA) adds one broadcast
 of rank 0's parameters at the end of each iteration: a guarantee of bit-identical ranks that
 does not depend on every rank's compiled optimizer step producing the same bits (on the
@@ -49,17 +55,37 @@ def broadcasts_params(option: bool | None, compiled: bool, device: torch.device)
     return bool(option)
 
 
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # UniLab's dp_gradient_wire_dtype
+WIRE_MIN_NUMEL = 1024  # UniLab compresses no smaller group (e.g. the temperature's gradient)
+
+
 class RankAverager:
     """Collectives of a data-parallel learner over one process group."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None):
+    def __init__(self, group: dist.ProcessGroup | None = None, gradient_wire_dtype: str = "float32"):
+        if gradient_wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"gradient_wire_dtype must be one of {sorted(WIRE_DTYPES)} (UniLab's training.dp_gradient_wire_dtype), "
+                             f"got {gradient_wire_dtype!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("data-parallel flashsac_opt needs torch.distributed.init_process_group() first")
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.gradient_wire_dtype = gradient_wire_dtype
 
     def average(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        """Average ``tensors`` across ranks in one all-reduce; returns new tensors (same shapes, dtypes)."""
+        """Average ``tensors`` across ranks; returns new tensors (same shapes, dtypes). The first is
+        the gradient (the engine's ``reduce(grad, *loss outputs)``): with a bf16 wire it goes in a
+        bf16 all-reduce of its own, the rest in one fp32 bucket; else all in one bucket."""
+        grad = tensors[0]
+        if self.gradient_wire_dtype == "bfloat16" and grad.dtype == torch.float32 and grad.numel() >= WIRE_MIN_NUMEL:
+            wire = grad.detach().reshape(-1).to(torch.bfloat16)
+            dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group)
+            averaged = (wire.float() * (1.0 / self.world_size)).view(grad.shape)  # UniLab's order: fp32 first, then 1/world
+            return [averaged, *(self._bucket(*tensors[1:]) if len(tensors) > 1 else [])]
+        return self._bucket(*tensors)
+
+    def _bucket(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """``tensors`` averaged in one fp32 all-reduce."""
         flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         flat = flat / self.world_size
@@ -115,14 +141,17 @@ def check_same_config(averager: RankAverager, description: dict) -> None:
 
 
 def collective_bytes_per_iteration(learner, updates_per_step: int, policy_frequency: int) -> int:
-    """Bytes each rank all-reduces per iteration (fp32 buckets), from the learner's layout."""
-    critic = learner.critic.layout.numel + 1 + 2 * learner.critic.stats_layout.numel
-    actor = learner.actor.layout.numel + 2 + learner.actor.stats_layout.numel
+    """Bytes each rank all-reduces per iteration, from the learner's layout (the gradients at the
+    averager's wire dtype, everything else fp32)."""
+    wire = 2 if learner.averager is not None and learner.averager.gradient_wire_dtype == "bfloat16" else 4
+    grad_bytes = lambda numel: (wire if numel >= WIRE_MIN_NUMEL else 4) * numel  # noqa: E731
+    critic = grad_bytes(learner.critic.layout.numel) + 4 * (1 + 2 * learner.critic.stats_layout.numel)
+    actor = grad_bytes(learner.actor.layout.numel) + 4 * (2 + learner.actor.stats_layout.numel)
     actor_updates = len(range(0, updates_per_step, policy_frequency))
     broadcast = 0
     if learner.broadcast_params:  # actor, critic and target parameters, once per iteration
-        broadcast = learner.actor.layout.numel + 2 * learner.critic.layout.numel
-    return 4 * (updates_per_step * critic + actor_updates * actor + broadcast)
+        broadcast = 4 * (learner.actor.layout.numel + 2 * learner.critic.layout.numel)
+    return updates_per_step * critic + actor_updates * actor + broadcast
 
 
 def named_tensors(state: dict, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

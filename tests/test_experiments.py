@@ -271,20 +271,29 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_benchmark_multigpu_unilab_gradient_sync_reaches_the_same_state_as_the_own_bucket(tmp_path, require_unilab):
-    """--grad-sync both: the 2-rank cell runs once with flashsac_opt's one bucket per update and
-    once with UniLab's gradient all-reduce (plus a second all-reduce for the loss, BN statistics
-    and entropy). Both average the same numbers (a sum of two, divided by two), so on gloo the two
-    cells must end in the same learner state, bit for bit, with bit-identical ranks."""
-    out = tmp_path / "mg.json"
-    done = run("bench/benchmark_multigpu.py", "--device", "cpu", "--nproc", "2", "--workloads", "T", "--iters", "2",
-               "--warmup", "1", "--capacity", "256", "--grad-sync", "both", "--output", str(out), "--plot", str(tmp_path / "mg.png"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    own, unilab = json.loads(out.read_text())["cells"]
+@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
+def test_benchmark_multigpu_unilab_gradient_sync_reaches_the_same_state_as_the_own_bucket(tmp_path, require_unilab, wire):
+    """--grad-sync both: the 2-rank cell runs once with flashsac_opt's averager and once with
+    UniLab's gradient all-reduce (plus a second all-reduce for the loss, BN statistics and
+    entropy). Both average the same numbers the same way (fp32: a sum of two, divided by two;
+    bf16 wire: rounded, summed, restored, times one half), so on gloo the two cells must end in the
+    same learner state, bit for bit, with bit-identical ranks; the bf16 wire sends fewer bytes."""
+    def cells(wire: str) -> list[dict]:
+        out = tmp_path / f"mg_{wire}.json"
+        done = run("bench/benchmark_multigpu.py", "--device", "cpu", "--nproc", "2", "--workloads", "T", "--iters", "2", "--warmup", "1",
+                   "--capacity", "256", "--grad-sync", "both", "--gradient-wire-dtype", wire, "--output", str(out), "--plot", str(tmp_path / "mg.png"))
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(out.read_text())["cells"]
+
+    own, unilab = cells(wire)
     assert (own["grad_sync"], unilab["grad_sync"]) == ("flashsac_opt", "unilab")
     assert "error" not in own and "error" not in unilab, (own.get("traceback"), unilab.get("traceback"))
     assert own["ranks_bit_identical"] and unilab["ranks_bit_identical"] and own["finite"]
     assert own["state_sha256_rank0"] == unilab["state_sha256_rank0"]
+    if wire == "bfloat16":
+        fp32, _ = cells("float32")
+        assert own["state_sha256_rank0"] != fp32["state_sha256_rank0"]
+        assert own["collective_bytes_per_rank"] < fp32["collective_bytes_per_rank"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo rehearsal is what CPU machines run")

@@ -23,12 +23,12 @@ import pytest
 _RANK = r"""
 import json, sys, torch
 from unilab.rl.runtime.distributed.sync import DpParameterSync
-from flashsac_opt.data_parallel import state_digest
+from flashsac_opt.data_parallel import collective_bytes_per_iteration, state_digest
 from flashsac_opt.testing.oracle import synthetic_batch
 from flashsac_opt.unilab.adapter import build_unilab_learner
 from test_unilab_integration import _unilab_kwargs
 
-rank, folder, batch_size, device = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+rank, folder, batch_size, device, wire = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 if device == "cuda":  # one GPU per rank, as UniLab's launcher makes it
     device, backend, mode = f"cuda:{rank}", "nccl", "graph"
 else:
@@ -36,7 +36,8 @@ else:
 torch.manual_seed(100 + rank)  # per-rank seeds, as UniLab derives them: different initial networks
 learner = build_unilab_learner(device=device, learner_mode=mode,
                                **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=batch_size, updates_per_step=2))
-sync = DpParameterSync(world_size=2, rank=rank, rendezvous_path=f"{folder}/rendezvous", backend=backend, device=device, timeout_s=60)
+sync = DpParameterSync(world_size=2, rank=rank, rendezvous_path=f"{folder}/rendezvous", backend=backend, device=device, timeout_s=60,
+                       gradient_wire_dtype=wire)
 learner.set_gradient_sync(sync.allreduce_gradients)
 seeded = state_digest(learner.learner.state_dict())
 try:
@@ -63,14 +64,16 @@ torch.save(learner.get_state_dict(), f"{folder}/rank{rank}.pt")
 learner.set_gradient_sync(None)
 sync.close()
 print("RESULT " + json.dumps({"seeded": seeded, "initial": initial, "digest": state_digest(learner.learner.state_dict()),
-                             "iterations": learner.learner.iterations, "metrics": metrics}), flush=True)
+                             "iterations": learner.learner.iterations, "metrics": metrics,
+                             "collective_bytes": collective_bytes_per_iteration(learner.learner, 2, 2)}), flush=True)
 """
 
 
-def run_ranks(tmp_path: Path, batch_sizes: tuple[int, int], device: str = "cpu") -> list[subprocess.CompletedProcess]:
+def run_ranks(tmp_path: Path, batch_sizes: tuple[int, int], device: str = "cpu", wire: str = "float32") -> list[subprocess.CompletedProcess]:
     tests = Path(__file__).parent  # the ranks import test_unilab_integration's UniLab kwargs
+    tmp_path.mkdir(parents=True, exist_ok=True)  # the ranks' rendezvous file and checkpoints
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(rank), str(tmp_path), str(batch_sizes[rank]), device],
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(rank), str(tmp_path), str(batch_sizes[rank]), device, wire],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for rank in (0, 1)]
     out = []
@@ -113,6 +116,18 @@ def test_two_ranks_through_unilabs_process_group_end_with_equal_checkpoints(tmp_
         assert a[section].keys() == b[section].keys()
         for key in a[section]:
             assert torch.equal(a[section][key], b[section][key]), (section, key)
+
+
+def test_unilabs_bf16_gradient_wire_is_honoured_and_the_ranks_stay_bit_identical(tmp_path, require_unilab):
+    """UniLab's training.dp_gradient_wire_dtype=bfloat16 reaches flashsac_opt's averager through the
+    sync UniLab hands over: the gradients cross the wire as bf16 (fewer bytes), the result differs
+    from the fp32 wire's on the same seeds and data, and both ranks still agree bit for bit."""
+    fp32 = [result(d) for d in run_ranks(tmp_path / "fp32", (32, 32))]
+    bf16 = [result(d) for d in run_ranks(tmp_path / "bf16", (32, 32), wire="bfloat16")]
+    assert bf16[0]["digest"] == bf16[1]["digest"] and fp32[0]["digest"] == fp32[1]["digest"]
+    assert bf16[0]["initial"] == fp32[0]["initial"]  # the same start: the wire alone differs
+    assert bf16[0]["digest"] != fp32[0]["digest"]
+    assert bf16[0]["collective_bytes"] < fp32[0]["collective_bytes"]
 
 
 def test_ranks_with_different_batch_sizes_fail_at_start_naming_the_field(tmp_path, require_unilab):

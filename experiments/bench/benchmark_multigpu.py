@@ -59,7 +59,7 @@ DIM_KEYS = ("obs_dim", "critic_obs_dim", "action_dim")
 TEARDOWN_GRACE_S = 30.0  # how long ranks that wrote their results may take to exit
 
 
-def unilab_gradient_averager(world: int, rank: int, backend: str):
+def unilab_gradient_averager(world: int, rank: int, backend: str, wire: str = "float32"):
     """A RankAverager whose gradient goes through UniLab's own all-reduce (the callable UniLab's
     runner hands to ``set_gradient_sync``); the rest of the bucket through a second all-reduce."""
     import torch
@@ -69,10 +69,10 @@ def unilab_gradient_averager(world: int, rank: int, backend: str):
 
     class UniLabGradientAverager(RankAverager):
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__(gradient_wire_dtype=wire)  # (its own bucket stays fp32: the loss and statistics)
             # the process group is up already (the worker's): start() is never called, and
             # allreduce_gradients uses the default group
-            self.sync = DpParameterSync(world_size=world, rank=rank, rendezvous_path="unused", backend=backend)
+            self.sync = DpParameterSync(world_size=world, rank=rank, rendezvous_path="unused", backend=backend, gradient_wire_dtype=wire)
             self.holders: dict[int, torch.nn.Parameter] = {}  # one per flat gradient size: a stable packing buffer
 
         def average(self, grad, *rest):
@@ -81,7 +81,7 @@ def unilab_gradient_averager(world: int, rank: int, backend: str):
                 holder = self.holders[grad.numel()] = torch.nn.Parameter(torch.empty_like(grad))
             holder.grad = grad  # averaged in place
             self.sync.allreduce_gradients([holder])
-            return [grad, *(super().average(*rest) if rest else [])]
+            return [grad, *(self._bucket(*rest) if rest else [])]
 
     return UniLabGradientAverager()
 
@@ -115,10 +115,13 @@ def _worker(rank: int, world: int, store: str, spec: dict, result_path: str) -> 
                              fused_update=fused, dp_broadcast_params=spec["broadcast_params"])
         torch.manual_seed(rank)
         start = time.perf_counter()
-        unilab_sync = world > 1 and spec["grad_sync"] == "unilab"
-        learner = FlashSACLearner(cfg, device=device, process_group=True if world > 1 and not unilab_sync else None, **dims)
-        if unilab_sync:
-            learner.enable_data_parallel(True, unilab_gradient_averager(world, rank, "nccl" if cuda else "gloo"))
+        learner = FlashSACLearner(cfg, device=device, **dims)
+        if world > 1:
+            from flashsac_opt.data_parallel import RankAverager
+
+            wire = spec["gradient_wire_dtype"]
+            learner.enable_data_parallel(True, unilab_gradient_averager(world, rank, "nccl" if cuda else "gloo", wire)
+                                         if spec["grad_sync"] == "unilab" else RankAverager(gradient_wire_dtype=wire))
         replay = GPUReplay(spec["capacity"], device=device, seed=1000 + rank, **dims)
         replay.extend(synthetic_batch(spec["capacity"], generator=torch.Generator().manual_seed(rank), device=device, **dims))
         u, pf, bsz = cfg.updates_per_step, cfg.policy_frequency, cfg.batch_size
@@ -202,7 +205,7 @@ def run_world(world: int, wname: str, args, fused: bool = True, grad_sync: str =
     import torch.multiprocessing as mp
 
     spec = {"device": args.device, "mode": args.mode, "workload": WORKLOADS[wname], "capacity": args.capacity,
-            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": {"auto": None, "on": True, "off": False}[args.broadcast_params], "grad_sync": grad_sync, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
+            "iters": args.iters, "warmup": args.warmup, "fused": fused, "broadcast_params": {"auto": None, "on": True, "off": False}[args.broadcast_params], "grad_sync": grad_sync, "gradient_wire_dtype": args.gradient_wire_dtype, "stack_dump_after": max(1.0, args.cell_timeout - 15)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ranks.json")
         store = os.path.join(tmp, "rendezvous")
@@ -305,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                              "construction); auto = the learner's default (on in compiled modes on CUDA)")
     parser.add_argument("--grad-sync", choices=("flashsac_opt", "unilab", "both"), default="flashsac_opt",
                         help="the multi-rank cells' gradient all-reduce: flashsac_opt's one bucket, UniLab's callable, or each in turn")
+    parser.add_argument("--gradient-wire-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the gradient's dtype on the wire (UniLab's training.dp_gradient_wire_dtype), both --grad-sync forms")
     parser.add_argument("--cell-timeout", type=float, default=300.0, help="seconds one world size may take (compile included)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
@@ -331,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "timed": "per rank, host clock around update_from_replay (sampling inside the iteration) + metrics read + stream sync; ranks start together after a barrier",
         "scaling": "weak: the per-rank batch is fixed, so the global batch grows with the world size",
         "mode": args.mode, "capacity_per_rank": args.capacity, "new_rows_per_iteration": args.new_rows,
-        "dp_broadcast_params": args.broadcast_params,
+        "dp_broadcast_params": args.broadcast_params, "gradient_wire_dtype": args.gradient_wire_dtype,
         "world_sizes_skipped": {str(n): "more ranks than visible GPUs" for n in skipped},
         "environment": environment(args), "command": " ".join(["python", *sys.argv]), "cells": [],
     }

@@ -320,6 +320,9 @@ class UniLabFlashSACLearner:
         if not callable(sync):
             raise TypeError(f"set_gradient_sync expects UniLab's gradient all-reduce (a callable) or None, got {type(sync).__name__}")
         self._gradient_sync = sync
+        # UniLab's training.dp_gradient_wire_dtype, as its DpParameterSync holds it (the callable is
+        # that object's bound allreduce_gradients): flashsac_opt's averager sends the gradient so too
+        self._gradient_wire_dtype = str(getattr(getattr(sync, "__self__", None), "gradient_wire_dtype", "float32"))
         if self._compile_ahead is not None:  # it compiles the single-process update form: of no use here
             self._compile_ahead.stop()
             self._compile_ahead = None
@@ -337,7 +340,9 @@ class UniLabFlashSACLearner:
             notice = nccl_transport_notice(self.device.type, dict(os.environ))
             if notice and torch.distributed.get_rank() == 0:  # once per run (the group is up here)
                 print(notice, file=sys.stderr, flush=True)
-            self.learner.enable_data_parallel(True)
+            from flashsac_opt.data_parallel import RankAverager
+
+            self.learner.enable_data_parallel(True, RankAverager(gradient_wire_dtype=self._gradient_wire_dtype))
         return self.learner.network_tensors()
 
     # ------------------------------------------------------------ checkpoints
