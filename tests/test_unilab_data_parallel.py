@@ -118,12 +118,16 @@ def test_two_ranks_through_unilabs_process_group_end_with_equal_checkpoints(tmp_
             assert torch.equal(a[section][key], b[section][key]), (section, key)
 
 
-def test_unilabs_bf16_gradient_wire_is_honoured_and_the_ranks_stay_bit_identical(tmp_path, require_unilab):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_unilabs_bf16_gradient_wire_is_honoured_and_the_ranks_stay_bit_identical(tmp_path, require_unilab, device):
     """UniLab's training.dp_gradient_wire_dtype=bfloat16 reaches flashsac_opt's averager through the
     sync UniLab hands over: the gradients cross the wire as bf16 (fewer bytes), the result differs
-    from the fp32 wire's on the same seeds and data, and both ranks still agree bit for bit."""
-    fp32 = [result(d) for d in run_ranks(tmp_path / "fp32", (32, 32))]
-    bf16 = [result(d) for d in run_ranks(tmp_path / "bf16", (32, 32), wire="bfloat16")]
+    from the fp32 wire's on the same seeds and data, and both ranks still agree bit for bit
+    (cuda: NCCL, graph mode, the bf16 all-reduce captured with the iteration)."""
+    if device == "cuda" and not two_gpus():
+        pytest.skip("needs two CUDA devices")
+    fp32 = [result(d) for d in run_ranks(tmp_path / "fp32", (32, 32), device)]
+    bf16 = [result(d) for d in run_ranks(tmp_path / "bf16", (32, 32), device, wire="bfloat16")]
     assert bf16[0]["digest"] == bf16[1]["digest"] and fp32[0]["digest"] == fp32[1]["digest"]
     assert bf16[0]["initial"] == fp32[0]["initial"]  # the same start: the wire alone differs
     assert bf16[0]["digest"] != fp32[0]["digest"]
