@@ -160,7 +160,8 @@ class FlashSACLearner:
             compile_cache_key={"dims": dict(self._dims), "config": asdict(cfg)},
         )
 
-    def enable_data_parallel(self, process_group: "torch.distributed.ProcessGroup | bool" = True, averager: "RankAverager | None" = None) -> None:
+    def enable_data_parallel(self, process_group: "torch.distributed.ProcessGroup | bool" = True, averager: "RankAverager | None" = None,
+                             gradient_wire_dtype: str = "float32") -> None:
         """Make this learner one rank of a data-parallel learner over ``process_group`` (True:
         the default group), before its first update: rank 0's networks are broadcast to every
         rank and the engine is rebuilt with the all-reduce between loss and step. The state
@@ -173,8 +174,9 @@ class FlashSACLearner:
         if self.engine.fused_update is not None:
             raise ValueError("enable_data_parallel() must come before the first update (the update functions are built)")
         # ``averager``: other collectives with RankAverager's interface (benchmark_multigpu's
-        # comparison with UniLab's gradient all-reduce); by default RankAverager's one bucket
-        averager = averager or RankAverager(None if process_group is True else process_group)
+        # comparison with UniLab's gradient all-reduce); by default RankAverager's bucket, the
+        # gradient at ``gradient_wire_dtype`` (UniLab's training.dp_gradient_wire_dtype)
+        averager = averager or RankAverager(None if process_group is True else process_group, gradient_wire_dtype)
         # the compile-cache file may be a per-rank path; everything else must agree
         config = {k: v for k, v in asdict(self.cfg).items() if k != "compile_cache_file"}
         check_same_config(averager, {"config": config, "dims": self._dims})

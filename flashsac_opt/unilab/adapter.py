@@ -340,9 +340,7 @@ class UniLabFlashSACLearner:
             notice = nccl_transport_notice(self.device.type, dict(os.environ))
             if notice and torch.distributed.get_rank() == 0:  # once per run (the group is up here)
                 print(notice, file=sys.stderr, flush=True)
-            from flashsac_opt.data_parallel import RankAverager
-
-            self.learner.enable_data_parallel(True, RankAverager(gradient_wire_dtype=self._gradient_wire_dtype))
+            self.learner.enable_data_parallel(True, gradient_wire_dtype=self._gradient_wire_dtype)
         return self.learner.network_tensors()
 
     # ------------------------------------------------------------ checkpoints
