@@ -253,14 +253,25 @@ class CompileAhead:
     def running(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def done(self) -> bool:
+        """The child exited, or wrote its report: it writes the report after everything it
+        compiled is in the caches, and what is left then is its interpreter's teardown (the
+        compile workers' shutdown among it), for which no update should wait."""
+        return not self.running or self.report_file.is_file()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the child; True when it compiled, else one warning (the caller compiles)."""
         start = time.perf_counter()
-        try:
-            rc = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if self.running and self.report_file.is_file():  # compiled: only its teardown is left
             self.stop()
-            rc = None
+            rc = 0
+        else:
+            try:
+                rc = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                rc = None
         self.waited_s = time.perf_counter() - start
         if rc == 0 and self.report_file.is_file():
             self.report = json.loads(self.report_file.read_text())

@@ -62,6 +62,21 @@ def test_stop_ends_a_running_child():
     assert not ahead.running and not alive(ahead.process.pid)
 
 
+def test_a_child_that_wrote_its_report_is_done_and_not_waited_for_through_its_teardown():
+    """The report comes after the caches are written: a child still tearing down (here: a
+    process that only sleeps) is done, and wait() stops it instead of waiting it out."""
+    ahead = CompileAhead(small_cfg(), DIMS, "cpu")
+    ahead.stop()
+    ahead.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    assert ahead.running and not ahead.done
+    ahead.report_file.write_text(json.dumps({"seconds": 2.5, "compiled": True}))
+    assert ahead.done
+    start = time.monotonic()
+    assert ahead.wait()
+    assert time.monotonic() - start < 30 and not alive(ahead.process.pid)
+    assert ahead.report == {"seconds": 2.5, "compiled": True} and not ahead.folder.exists()
+
+
 _ORPHANING_PARENT = """
 import os, signal, sys
 from flashsac_opt.compile_ahead import CompileAhead
@@ -130,6 +145,10 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
 
         def stop(self):
             self.running = False
+
+        @property
+        def done(self):
+            return not self.running
 
     gate = Gate()
     monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: gate))

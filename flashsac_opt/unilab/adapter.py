@@ -199,7 +199,7 @@ class UniLabFlashSACLearner:
         the update that follows compiles from its caches: True then."""
         if self._compile_ahead is None:
             return False
-        if self._background and self._compile_ahead.running:
+        if self._background and not self._compile_ahead.done:
             return False
         ahead, self._compile_ahead = self._compile_ahead, None
         compiled = ahead.wait()
