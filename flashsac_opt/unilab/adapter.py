@@ -123,9 +123,9 @@ class UniLabFlashSACLearner:
             self.cfg, {"obs_dim": obs_dim, "critic_obs_dim": critic_obs_dim, "action_dim": action_dim},
             self.learner.device, compiled=self.learner.engine.compiled,
         )
-        # =background: no update waits for the child; until it is done they run uncompiled
-        self._background = self._compile_ahead is not None and compile_ahead_mode() == "background"
-        if self._background:
+        # =background: no update waits for the child; until it is done they run uncompiled (the
+        # engine's compile_deferred says so from here on)
+        if self._compile_ahead is not None and compile_ahead_mode() == "background":
             self.learner.engine.defer_compile()
         self.compile_ahead_report: dict[str, Any] | None = None
         self._gradient_sync: Any = None  # UniLab's, when the run is data parallel
@@ -199,14 +199,15 @@ class UniLabFlashSACLearner:
         the update that follows compiles from its caches: True then."""
         if self._compile_ahead is None:
             return False
-        if self._background and not self._compile_ahead.done:
+        background = self.learner.engine.compile_deferred
+        if background and not self._compile_ahead.done:
             return False
         ahead, self._compile_ahead = self._compile_ahead, None
         compiled = ahead.wait()
         self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s}
         startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s,
-                      child_s=(ahead.report or {}).get("seconds"), background=self._background)
-        if self._background:
+                      child_s=(ahead.report or {}).get("seconds"), background=background)
+        if background:
             self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
             if compiled:
                 print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the training ran "
@@ -326,9 +327,7 @@ class UniLabFlashSACLearner:
         if self._compile_ahead is not None:  # it compiles the single-process update form: of no use here
             self._compile_ahead.stop()
             self._compile_ahead = None
-            if self._background:  # nothing to wait for now: compile as usual
-                self.learner.engine.compile_now()
-                self._background = False
+            self.learner.engine.compile_now()  # a deferred compile has nothing to wait for now: as usual
 
     def dp_initial_sync(self) -> dict[str, torch.Tensor]:
         """Called by UniLab's runner once its process group is up, before collection: the learner
