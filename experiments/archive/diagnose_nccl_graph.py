@@ -202,6 +202,10 @@ def worker(rank: int, store: str, iterations: int, path: str, modes: tuple[str, 
                 report[mode] = learner_run(device, mode, iterations)
         if rank == 0:
             Path(path).write_text(json.dumps(report, indent=1))
+        # both ranks leave their last collective before either tears the group down: a clean-clone
+        # CI run once saw rank 0 abort in gloo's teardown ("terminate called without an active
+        # exception") while rank 1 was still finishing
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
