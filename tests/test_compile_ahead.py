@@ -229,6 +229,45 @@ def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the
     assert [e["time"] for e in logged] == sorted(e["time"] for e in logged)
 
 
+def test_prepare_for_collection_compiles_at_once_when_the_child_is_done_but_still_tearing_down(require_unilab, monkeypatch, tmp_path):
+    # the child writes its report after its caches; its interpreter's teardown can take seconds
+    # more: the start-up compile must not defer to the first update for that (session 12's warm run)
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.unilab import adapter
+
+    class TearingDown:  # alive, report written: done
+        running, done, report, waited_s = True, True, {"seconds": 8.7}, None
+
+        def wait(self, timeout=None):
+            self.running, self.waited_s = False, 0.0
+            return True
+
+        def stop(self):
+            self.running = False
+
+    child = TearingDown()
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: child))
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
+    events = tmp_path / "startup_events.jsonl"
+    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+    assert learner.learner.engine.compile_deferred
+    updates = []
+    monkeypatch.setattr(learner.learner, "update", lambda *a, **k: updates.append(learner.learner.engine.compile_deferred))
+
+    class Context:
+        target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
+        replay_batch = {"unused": torch.zeros(1)}
+
+    learner.prepare_for_collection(Context())
+    assert updates == [False] and not child.running  # compiled here, not deferred; the teardown stopped
+    assert learner.compile_ahead_report["ok"] and learner.compile_ahead_report["seconds"] == 8.7
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
+        "learner_constructed", "compile_ahead_done", "prepare_for_collection_start", "prepare_for_collection_end"]
+
+
 def test_unilab_runs_use_the_keyed_compile_cache_file_unless_turned_off():
     from flashsac_opt.compile_cache import AUTO
     from flashsac_opt.unilab.adapter import unilab_compile_cache_file

@@ -267,11 +267,13 @@ class UniLabFlashSACLearner:
 
     def prepare_for_collection(self, warmup_context: Any) -> None:
         """Compile (and in graph mode capture) before collection; training state is unchanged.
-        While the compile-ahead child still runs, nothing: collection starts at once and the
-        first update waits for the child, then compiles from the caches it filled."""
+        While the compile-ahead child still compiles, nothing: collection starts at once and the
+        first update waits for the child (or, in the background mode, runs uncompiled until it is
+        done), then compiles from the caches it filled. A child already done (its report written,
+        only its teardown left) is not waited out: the compile happens here, from its caches."""
         if not self.learner.engine.compiled:
             return
-        if self._compile_ahead is not None and self._compile_ahead.running:
+        if self._compile_ahead is not None and not self._compile_ahead.done:
             self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
             startup_event("prepare_for_collection_deferred")
             return
