@@ -19,12 +19,16 @@ Layers:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from flashsac_opt.flat import FlatLayout
+
+if TYPE_CHECKING:
+    from flashsac_opt.explore_graph import CapturedExplore
 
 BN_MOMENTUM = 0.01
 BN_EPS = 1e-5
@@ -213,6 +217,8 @@ class FlashSACActor(_FlatNetwork):
         self._held_noise: torch.Tensor | None = None
         self._hold_count: torch.Tensor | None = None
         self._hold_target: torch.Tensor | None = None
+        # explore_graph.CapturedExplore when the learner runs in graph mode on CUDA
+        self.captured_explore: "CapturedExplore | None" = None
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"], p[f"{name}.bias"]
@@ -285,25 +291,56 @@ class FlashSACActor(_FlatNetwork):
 
         Each env holds one Gaussian noise vector for k steps, k ~ truncated Zeta(mu) on
         [1, zeta_max]; it is redrawn when the hold expires or the episode ends. Branch-free
-        (``torch.where``), so it never synchronizes with the host.
+        (``torch.where``), so it never synchronizes with the host. With ``captured_explore``
+        set (graph mode on CUDA, see explore_graph.py) the stochastic call is one graph replay.
         """
-        mean, std, _ = self.distribution_params(obs, self.params, self.bn_stats, training=False)
         if deterministic:
-            return torch.tanh(mean)
+            return torch.tanh(self.distribution_params(obs, self.params, self.bn_stats, training=False)[0])
+        if self.captured_explore is not None and self.captured_explore.usable(obs, dones):
+            return self.captured_explore(obs, dones)
+        return self.explore_step(obs, dones)
+
+    def explore_step(self, obs: torch.Tensor, dones: torch.Tensor | None) -> torch.Tensor:
+        """One stochastic collection step; the held-noise state is updated in place (a captured
+        graph reads and writes it by address)."""
+        mean, std, _ = self.distribution_params(obs, self.params, self.bn_stats, training=False)
         n = mean.shape[0]
-        if self._held_noise is None or self._held_noise.shape != mean.shape or self._held_noise.device != mean.device:
-            self._held_noise = torch.zeros_like(mean)
-            self._hold_count = torch.zeros(n, dtype=torch.int32, device=mean.device)
-            self._hold_target = torch.zeros(n, dtype=torch.int32, device=mean.device)
-        assert self._hold_count is not None and self._hold_target is not None
-        redraw = (self._hold_count <= 0) | (self._hold_count >= self._hold_target)
+        held, count, target = self.ensure_exploration_state(n, mean.device, mean.dtype)
+        redraw = (count <= 0) | (count >= target)
         if dones is not None:
             redraw = redraw | (dones.to(mean.device).reshape(-1) > 0.5)
+        # drawn every step, whether or not an env redraws (UniLab draws only then, after a host
+        # sync on torch.any): the same law, other numbers
         fresh_target = torch.searchsorted(self.zeta_cdf, torch.rand(n, device=mean.device)).to(torch.int32) + 1
-        self._held_noise = torch.where(redraw.unsqueeze(-1), torch.randn_like(mean), self._held_noise)
-        self._hold_target = torch.where(redraw, fresh_target, self._hold_target)
-        self._hold_count = torch.where(redraw, torch.ones_like(self._hold_count), self._hold_count + 1)
-        return torch.tanh(mean + std * self._held_noise)
+        held.copy_(torch.where(redraw.unsqueeze(-1), torch.randn_like(mean), held))
+        target.copy_(torch.where(redraw, fresh_target, target))
+        count.copy_(torch.where(redraw, torch.ones_like(count), count + 1))
+        return torch.tanh(mean + std * held)
+
+    def ensure_exploration_state(
+        self, n: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(held noise, hold count, hold target) for ``n`` envs: kept while the shape, device
+        and dtype stay, new zeros (every env redraws) otherwise."""
+        held = self._held_noise
+        if held is None or held.shape != (n, self.action_dim) or held.device != device or held.dtype != dtype:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                # new state inside a capture would live in the graph's pool and be re-zeroed by every replay
+                raise RuntimeError("the exploration state must exist before the collection forward is captured")
+            self.use_exploration_state(
+                (torch.zeros(n, self.action_dim, device=device, dtype=dtype),
+                 torch.zeros(n, dtype=torch.int32, device=device), torch.zeros(n, dtype=torch.int32, device=device))
+            )
+        assert self._held_noise is not None and self._hold_count is not None and self._hold_target is not None
+        return self._held_noise, self._hold_count, self._hold_target
+
+    def exploration_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if self._held_noise is None or self._hold_count is None or self._hold_target is None:
+            return None
+        return self._held_noise, self._hold_count, self._hold_target
+
+    def use_exploration_state(self, state: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self._held_noise, self._hold_count, self._hold_target = state
 
 
 class FlashSACCritic(_FlatNetwork):
