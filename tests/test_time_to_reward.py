@@ -242,3 +242,21 @@ def test_trainings_builds_unilabs_native_extension_from_the_copy_before_any_time
     (broken / "native_h2d.py").write_text("raise ImportError('a half-copied UniLab')\n")
     with pytest.raises(SystemExit, match="native H2D extension"):
         trainings.prebuild_native_extension(tmp_path / "broken")
+
+
+def test_each_unilab_copy_builds_its_extension_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """UniLab names its JIT extension alike in every copy and torch's build file names the source
+    by path: a folder shared by the stock and the patched copy rebuilt it at every switch (21 s
+    inside a timed start). Every process of a copy, the prebuild included, gets the copy's folder."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("trainings", REPO / "experiments" / "device" / "trainings.py")
+    trainings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainings)
+    seen = []
+    monkeypatch.setattr(trainings.subprocess, "run", lambda cmd, env, cwd: seen.append(env) or types.SimpleNamespace(returncode=3))
+    for name in ("stock", "patched"):
+        assert trainings.prebuild_native_extension(tmp_path / name)[0] == "unavailable"
+    assert [env["TORCH_EXTENSIONS_DIR"] for env in seen] == [str(tmp_path / "stock" / "torch_extensions"), str(tmp_path / "patched" / "torch_extensions")]
+    assert trainings.copy_env({"A": "1"}, tmp_path / "stock") == {"A": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "stock" / "torch_extensions")}
