@@ -54,6 +54,11 @@ FUSED_UPDATE_MAX_BATCH = 1024
 # Iterations run on a side stream before a capture: they compile every function and let the
 # allocator and cuBLAS settle; their effects on the training state are undone.
 CAPTURE_WARMUP_ITERATIONS = 2
+# With the compile deferred (graph mode), the first iterations run uncaptured: the compile-ahead
+# child is often done by the second, and capturing the uncompiled iteration (its warm-ups, the
+# capture, a graph of the eager kernels) took 5.1 s at 64 updates against ~1.3 s for one plain
+# iteration: the first update of a warm start (results/startup/background_vs_plain_2026-12-01/).
+DEFERRED_ITERATIONS_UNCAPTURED = 1
 
 
 def check_mode(mode: str) -> str:
@@ -180,6 +185,7 @@ class Engine:
         if self._cache_option and self._cache_option != compile_cache.AUTO:
             self._open_compile_cache(self._cache_option)
         self.compile_deferred = False  # defer_compile(): iterations run uncompiled until compile_now()
+        self._uncaptured_left = 0  # graph mode, deferred: iterations still to run without a capture
 
     def defer_compile(self) -> None:
         """Until ``compile_now()``, iterations run the update functions uncompiled (the split
@@ -191,6 +197,7 @@ class Engine:
         if self._updates is not None:
             raise RuntimeError("defer_compile() must come before the first iteration")
         self.compile_deferred = True
+        self._uncaptured_left = DEFERRED_ITERATIONS_UNCAPTURED if self._graph is not None else 0
 
     def compile_now(self) -> None:
         """End ``defer_compile()``: the next iteration builds and compiles the update functions
@@ -294,7 +301,7 @@ class Engine:
         """One iteration on a batch of ``updates_per_step`` x rows. Does not synchronize."""
         rows = next(iter(batch.values())).shape[0] // schedule.updates_per_step
         updates = self.update_functions(rows, schedule)
-        if self._graph is not None:
+        if self._graph is not None and not self._run_uncaptured():
             self._graph.run(batch, schedule)
         else:
             self._iteration(batch, schedule, updates)
@@ -306,11 +313,19 @@ class Engine:
         replay draws new indices, gathers the rows and runs every update); ``source``
         identifies the replay in the capture key."""
         updates = self.update_functions(rows, schedule)
-        if self._graph is not None:
+        if self._graph is not None and not self._run_uncaptured():
             self._graph.run_sampled(sample, schedule, source, generator)
         else:
             self._iteration(sample(), schedule, updates)
         self._after_iteration()
+
+    def _run_uncaptured(self) -> bool:
+        """Graph mode: whether this iteration runs as it is, without a capture (the first ones
+        of a deferred compile, DEFERRED_ITERATIONS_UNCAPTURED)."""
+        if not (self.compile_deferred and self._uncaptured_left > 0):
+            return False
+        self._uncaptured_left -= 1
+        return True
 
     def _after_iteration(self) -> None:
         if self._save_cache_after_iteration and not self.compile_deferred:  # once: the first compiled iteration compiled everything

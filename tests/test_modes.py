@@ -317,15 +317,20 @@ def test_gpu_iteration_has_no_host_sync(mode):
 
 @pytest.mark.gpu
 def test_gpu_graph_mode_captures_the_uncompiled_iteration_until_the_compile_is_wanted():
-    """defer_compile() in graph mode (compile ahead in the background): the uncompiled iteration
-    is captured and replayed (it tracks eager: the same kernels, C51's atomic adds aside), then
+    """defer_compile() in graph mode (compile ahead in the background): the first iteration runs
+    uncaptured (the child is often done by the next), the later ones capture the uncompiled
+    iteration and replay it (it tracks eager: the same kernels, C51's atomic adds aside), then
     compile_now() compiles and captures anew, and the training goes on."""
+    from flashsac_opt.engine import DEFERRED_ITERATIONS_UNCAPTURED
+
     dims = dict(batch_size=128, updates_per_step=4, actor_hidden_dim=64, critic_hidden_dim=128, num_atoms=51)
     eager, learner = make("eager", "cuda", G1, **dims), make("graph", "cuda", G1, **dims)
     learner.engine.defer_compile()
     data = batches(learner, 6, device="cuda")
     train(eager, data[:3])
-    train(learner, data[:3])
+    train(learner, data[:DEFERRED_ITERATIONS_UNCAPTURED])
+    assert learner.engine.graph.captures == 0 and learner.iterations == DEFERRED_ITERATIONS_UNCAPTURED
+    train(learner, data[DEFERRED_ITERATIONS_UNCAPTURED:3], seed=DEFERRED_ITERATIONS_UNCAPTURED)
     assert learner.engine.graph.captures == 1 and learner.engine.compiled_names() == []
     for name in ("actor", "critic"):
         assert rel(getattr(learner, name).params, getattr(eager, name).params) < 1e-5, name
