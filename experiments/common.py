@@ -88,6 +88,8 @@ def host_share() -> dict:
         "cpu_cores_usable": usable,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "run_note": os.environ.get("FLASHSAC_RUN_NOTE", ""),
+        # set where a CUDA MPS daemon serves this process's contexts (experiments/device/with_mps.py)
+        "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
     }
 
 

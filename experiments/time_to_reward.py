@@ -41,7 +41,7 @@ from report.summarize_trainings import summarize_run  # noqa: E402
 WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
-GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n", "carrier")
+GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n", "carrier", "gpu_sharing")
 
 # Replay (replay_buffer_n, learning_starts): FlashSAC's defaults (UniLab's conf/flashsac/config.yaml)
 # at 256 envs, where every U64 seed reached reward 30 in ~950 iterations (seed 001's 32 and 8 reached
@@ -94,11 +94,21 @@ def carrier(report: dict) -> str:
     return found[-1] if found and found[-1] != "auto" else "default"
 
 
+def gpu_sharing(report: dict, path: Path) -> str:
+    """"mps" for a run whose CUDA contexts an MPS daemon served (its environment names the pipe
+    folder; runs before that field: with_mps.py's name tag "mps" in the file name), else
+    "time-slicing" (the GPU's default between the learner's and the collector's contexts)."""
+    if report.get("environment", {}).get("cuda_mps_pipe_directory") or "_mps_" in path.name:
+        return "mps"
+    return "time-slicing"
+
+
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
     report = json.loads(path.read_text())
-    base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n"), "carrier": carrier(report)}
+    base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n"), "carrier": carrier(report),
+            "gpu_sharing": gpu_sharing(report, path)}
     rows = reward_rows(report)
     env = report.get("environment", {})
     return {
@@ -170,7 +180,8 @@ def group_runs(runs: list[dict]) -> list[dict]:
 def label(g: dict) -> str:
     who = "stock UniLab" if g["learner"] == "unilab" else "patched (flashsac_opt)"
     carried = "" if g.get("carrier", "default") == "default" else f", {g['carrier'].upper()} carrier"
-    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}{carried}"
+    shared = ", MPS" if g.get("gpu_sharing") == "mps" else ""
+    return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}{carried}{shared}"
 
 
 def plot(report: dict, path: Path) -> None:

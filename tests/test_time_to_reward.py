@@ -108,6 +108,22 @@ def test_grouping_by_configuration_marks_groups_with_fewer_than_three_seeds(tmp_
     assert runs[0]["iteration_ms"]["median"] == 32.0
 
 
+def test_a_run_under_mps_is_its_own_configuration(tmp_path):
+    climb = [float(i) / 10 for i in range(400)]
+    fake_run(tmp_path, "flashsac_opt", 1, climb)
+    named = fake_run(tmp_path, "flashsac_opt", 2, climb)  # with_mps.py's name tag, before the field
+    named.rename(tmp_path / "training_u64_b256_mps_flashsac_opt_graph_s2.json")
+    recorded = fake_run(tmp_path, "flashsac_opt", 3, climb)
+    report = json.loads(recorded.read_text())
+    report["environment"] = {**report.get("environment", {}), "cuda_mps_pipe_directory": "/tmp/x/pipe"}
+    recorded.write_text(json.dumps(report))
+    groups = ttr.group_runs([ttr.summarize_file(p, 100) for p in sorted(tmp_path.glob("training_*.json"))])
+    by_sharing = {g["gpu_sharing"]: g for g in groups}
+    assert set(by_sharing) == {"time-slicing", "mps"}
+    assert by_sharing["mps"]["seeds"] == [2, 3] and by_sharing["time-slicing"]["seeds"] == [1]
+    assert by_sharing["mps"]["label"].endswith(", MPS") and "MPS" not in by_sharing["time-slicing"]["label"]
+
+
 def test_a_run_on_another_collector_carrier_is_its_own_configuration(tmp_path):
     climb = [0.0] * 30 + [40.0] * 30
     files = [fake_run(tmp_path, "flashsac_opt", 1, climb), fake_run(tmp_path, "flashsac_opt", 1, climb, carrier="cpu"),
