@@ -90,6 +90,8 @@ def host_share() -> dict:
         "run_note": os.environ.get("FLASHSAC_RUN_NOTE", ""),
         # set where a CUDA MPS daemon serves this process's contexts (experiments/device/with_mps.py)
         "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+        # flashsac_opt's environment switches as the run had them (unset: the default)
+        "flashsac_opt_switches": {k: os.environ.get(k) for k in ("FLASHSAC_OPT_COMPILE_AHEAD", "FLASHSAC_OPT_CAPTURE_EXPLORE")},
     }
 
 

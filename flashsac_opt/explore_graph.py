@@ -19,6 +19,7 @@ captured per (obs shape/dtype, dones shape/dtype or none, autocast dtype); anyth
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -27,6 +28,18 @@ if TYPE_CHECKING:
     from flashsac_opt.networks import FlashSACActor
 
 MAX_GRAPHS = 4  # distinct collection shapes captured; more run eagerly (a run has one or two)
+ENV_SWITCH = "FLASHSAC_OPT_CAPTURE_EXPLORE"
+
+
+def wanted() -> bool:
+    """FLASHSAC_OPT_CAPTURE_EXPLORE: on by default (1/true/yes/on); 0/false/no/off keeps the eager
+    forward (graph mode only captures it; for A/B runs and as an escape hatch). Anything else is refused."""
+    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{ENV_SWITCH}={value!r}: expected 1/on or 0/off")
 
 
 class _Captured(NamedTuple):

@@ -34,7 +34,7 @@ from flashsac_opt.objectives import (
 )
 from flashsac_opt.devices import resolve_device
 from flashsac_opt.engine import Engine, NetworkUpdate, Schedule, mark_static
-from flashsac_opt.explore_graph import CapturedExplore
+from flashsac_opt import explore_graph
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
 
@@ -103,10 +103,10 @@ class FlashSACLearner:
         self.target_critic.params.requires_grad_(False)
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
-        if cfg.learner_mode == "graph" and self.device.type == "cuda":
+        if cfg.learner_mode == "graph" and self.device.type == "cuda" and explore_graph.wanted():
             # UniLab serves collection from the learner's thread, between iterations: one replay
             # instead of ~40 launches per collection step (explore_graph.py)
-            self.actor.captured_explore = CapturedExplore(self.actor)
+            self.actor.captured_explore = explore_graph.CapturedExplore(self.actor)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(

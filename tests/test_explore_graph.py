@@ -69,8 +69,21 @@ def test_the_collection_forward_falls_back_to_eager_off_cuda():
     assert torch.equal(a, plain.explore(obs, torch.zeros(4))) and actor.captured_explore.graphs == {}
 
 
+def test_the_switch_names_its_values_and_refuses_others(monkeypatch):
+    from flashsac_opt import explore_graph
+
+    monkeypatch.delenv(explore_graph.ENV_SWITCH, raising=False)
+    assert explore_graph.wanted()  # on by default
+    for value, expected in (("1", True), ("on", True), ("0", False), ("Off", False), ("no", False)):
+        monkeypatch.setenv(explore_graph.ENV_SWITCH, value)
+        assert explore_graph.wanted() == expected
+    monkeypatch.setenv(explore_graph.ENV_SWITCH, "maybe")
+    with pytest.raises(ValueError, match="expected 1/on or 0/off"):
+        explore_graph.wanted()
+
+
 @pytest.mark.gpu
-def test_captured_explore_replays_what_eager_computes_step_by_step():
+def test_captured_explore_replays_what_eager_computes_step_by_step(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from flashsac_opt.explore_graph import MAX_GRAPHS
@@ -80,6 +93,9 @@ def test_captured_explore_replays_what_eager_computes_step_by_step():
     eager = FlashSACLearner(dataclasses.replace(cfg, learner_mode="eager"), 98, 101, 29, device="cuda")
     eager.load_state_dict(captured.state_dict())
     assert captured.actor.captured_explore is not None and eager.actor.captured_explore is None
+    with monkeypatch.context() as switched:
+        switched.setenv("FLASHSAC_OPT_CAPTURE_EXPLORE", "0")
+        assert FlashSACLearner(cfg, 98, 101, 29, device="cuda").actor.captured_explore is None
     obs_all = torch.randn(256, 128, device="cuda")
     obs = obs_all[:, :98]  # UniLab hands a column slice of its ring (not contiguous)
     steps = [None, torch.zeros(256, device="cuda"), (torch.arange(256, device="cuda") % 5 == 0).float(), None]
