@@ -455,3 +455,15 @@ def test_placeholder_meshes_write_failure_leaves_nothing_behind(site, monkeypatc
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and str(calls[2]) in err and "No space left on device" in err, err
     assert tree_digest(site) == before and not (g1 / "assets").exists() and not (g1 / "textures").exists()
+
+
+def test_a_one_gpu_cuda_run_without_an_mps_daemon_is_told_how_to_start_one(tmp_path):
+    from flashsac_opt.unilab.adapter import mps_notice
+
+    told = mps_notice("cuda", False, {}, default_pipe=tmp_path)
+    assert told is not None and "uni-cumps start" in told and "time-slice" in told
+    assert mps_notice("cpu", False, {}, default_pipe=tmp_path) is None
+    assert mps_notice("cuda", True, {}, default_pipe=tmp_path) is None  # uni-cumps serves one GPU
+    assert mps_notice("cuda", False, {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/u/pipe"}, default_pipe=tmp_path) is None
+    (tmp_path / "control").write_text("")  # a system daemon on the default pipe
+    assert mps_notice("cuda", False, {}, default_pipe=tmp_path) is None

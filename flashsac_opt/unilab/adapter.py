@@ -82,6 +82,24 @@ def nccl_transport_notice(device_type: str, environ: dict[str, str]) -> str | No
             "(NVLink, PCIe P2P), export NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0 before `train` (docs/multi_gpu.md).")
 
 
+DEFAULT_MPS_PIPE_DIRECTORY = Path("/tmp/nvidia-mps")  # where CUDA looks without CUDA_MPS_PIPE_DIRECTORY
+
+
+def mps_notice(device_type: str, data_parallel: bool, environ: dict[str, str], default_pipe: Path = DEFAULT_MPS_PIPE_DIRECTORY) -> str | None:
+    """What a one-GPU CUDA run should be told when no MPS daemon serves it: UniLab's collector is
+    a process of its own, and its many small CUDA ops wait for GPU time-slices while the learner's
+    iteration runs (one H200, 64 updates: the iteration 22.84 ms above the learner, 4.90 ms under
+    MPS; results/contention/mps_2026-12-01/). UniLab's `uni-cumps` runs a daemon for one GPU."""
+    if device_type != "cuda" or data_parallel:
+        return None
+    pipe = environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if pipe or (default_pipe / "control").exists():
+        return None
+    return ("flashsac_opt: no CUDA MPS daemon serves this run, so UniLab's collector and this learner time-slice the GPU "
+            "(at 64 updates per iteration that cost ~20 ms of a ~60-ms iteration on an H200). On a GPU of your own: "
+            "`uni-cumps start && eval \"$(uni-cumps env)\"` before `train`, `uni-cumps stop` after (README).")
+
+
 def build_unilab_learner(*, device: str | torch.device, learner_mode: str = "graph", **learner_kwargs: Any) -> "UniLabFlashSACLearner":
     return UniLabFlashSACLearner(device=device, learner_mode=learner_mode, **learner_kwargs)
 
@@ -271,6 +289,9 @@ class UniLabFlashSACLearner:
         first update waits for the child (or, in the background mode, runs uncompiled until it is
         done), then compiles from the caches it filled. A child already done (its report written,
         only its teardown left) is not waited out: the compile happens here, from its caches."""
+        notice = mps_notice(self.device.type, self._gradient_sync is not None, dict(os.environ))
+        if notice:  # the runner calls this once, after its data-parallel set-up
+            print(notice, flush=True)
         if not self.learner.engine.compiled:
             return
         if self._compile_ahead is not None and not self._compile_ahead.done:
