@@ -89,9 +89,6 @@ class CapturedExplore:
         # at once, a test may not): hand out a copy, not the graph's output buffer
         return captured.actions.clone()
 
-    def release(self) -> None:
-        self.graphs.clear()
-
     def _capture(self, obs: torch.Tensor, dones: torch.Tensor | None) -> _Captured:
         actor = self.actor
         static_obs = torch.empty_like(obs, memory_format=torch.contiguous_format).copy_(obs)

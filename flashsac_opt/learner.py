@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from flashsac_opt import explore_graph
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
 from flashsac_opt.objectives import (
@@ -34,7 +35,6 @@ from flashsac_opt.objectives import (
 )
 from flashsac_opt.devices import resolve_device
 from flashsac_opt.engine import Engine, NetworkUpdate, Schedule, mark_static
-from flashsac_opt import explore_graph
 from flashsac_opt.optim import FlatAdam, GatedStep
 from flashsac_opt.reward_norm import RewardNormalizer
 
