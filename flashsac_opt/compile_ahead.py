@@ -25,10 +25,11 @@ A child that fails or is stopped leaves one warning; the parent then compiles by
 ``FLASHSAC_OPT_COMPILE_AHEAD`` picks the mode. ``background`` (the default): the training does
 not wait at all, its iterations run uncompiled (in graph mode captured as they are) until the
 child is done, and then it compiles from the child's caches (seconds) and goes on compiled
-(``Engine.defer_compile``). On the H200, U64 G1 training (results/startup/background_2026-12-01/):
-first update 62.4 s from launch on a cold cache (20 s of it UniLab's own extension build),
-43.2 s warm, stock UniLab eager 44.5 s; the plain cold start had its first update at 111.4 s
-(another call, results/time_to_reward/). ``1``/``wait``: the first update waits for the child
+(``Engine.defer_compile``), with UniLab's one compile worker: every kernel is in the caches
+(the adapter's ``_compile_workers``). On the H200, U64 G1 training, one call
+(results/startup/background_vs_plain_2026-12-01/): first update 64.2 s from launch on a cold
+cache (21.0 s of it a harness artifact: UniLab rebuilding its extension), 39.3 s warm, 96.5 s
+with compile ahead off, stock UniLab eager 36.4 s. ``1``/``wait``: the first update waits for the child
 (in an earlier U64 run UniLab left only 6-29 s to overlap). ``0``/``off``: the start-up compile
 runs in ``prepare_for_collection`` on every CPU (``parallel_compile``). The child copies the
 parent's matmul settings one by one (MATMUL_SETTINGS): ``torch.set_float32_matmul_precision``

@@ -254,18 +254,40 @@ def test_prepare_for_collection_compiles_at_once_when_the_child_is_done_but_stil
     learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
                                            **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
     assert learner.learner.engine.compile_deferred
+    from torch._inductor import config
+
     updates = []
-    monkeypatch.setattr(learner.learner, "update", lambda *a, **k: updates.append(learner.learner.engine.compile_deferred))
+    monkeypatch.setattr(learner.learner, "update", lambda *a, **k: updates.append((learner.learner.engine.compile_deferred, config.compile_threads)))
 
     class Context:
         target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
         replay_batch = {"unused": torch.zeros(1)}
 
-    learner.prepare_for_collection(Context())
-    assert updates == [False] and not child.running  # compiled here, not deferred; the teardown stopped
+    with config.patch(compile_threads=1):  # UniLab's budget
+        learner.prepare_for_collection(Context())
+    # compiled here, not deferred; the teardown stopped; from the child's caches with UniLab's one
+    # worker: no pool of worker processes is started for kernels that are all in the caches
+    assert updates == [(False, 1)] and not child.running
     assert learner.compile_ahead_report["ok"] and learner.compile_ahead_report["seconds"] == 8.7
     assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
         "learner_constructed", "compile_ahead_done", "prepare_for_collection_start", "prepare_for_collection_end"]
+
+
+def test_a_compile_from_the_childs_caches_uses_unilabs_budget_a_cold_one_every_cpu(require_unilab):
+    from torch._inductor import config
+
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.unilab import adapter
+
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+    seen = {}
+    for name, report in (("no child", None), ("child failed", {"ok": False}), ("child compiled", {"ok": True, "seconds": 9.0})):
+        learner.compile_ahead_report = report
+        with config.patch(compile_threads=1), learner._compile_workers():
+            seen[name] = config.compile_threads
+    assert seen == {"no child": compile_ahead.available_cpus(), "child failed": compile_ahead.available_cpus(), "child compiled": 1}
 
 
 def test_unilab_runs_use_the_keyed_compile_cache_file_unless_turned_off():

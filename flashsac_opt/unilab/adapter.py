@@ -206,10 +206,20 @@ class UniLabFlashSACLearner:
             self._set_schedule(target_frequency, policy_before_critic)
             # the background mode's switch compiles here, from the child's caches; should the
             # child have failed, cold: then on every CPU rather than UniLab's one worker
-            with parallel_compile() if switching else contextlib.nullcontext():
+            with self._compile_workers() if switching else contextlib.nullcontext():
                 self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
             if switching:
                 self._device_work_done("background_compile_switched")
+
+    def _compile_workers(self) -> contextlib.AbstractContextManager:
+        """Inductor's workers for a compile in this process: every CPU for a cold compile; none
+        when the compile-ahead child compiled the same graphs (every kernel is in the caches).
+        Inductor starts its pool of worker processes at a compile's start whenever it may use
+        more than one, and loads even cached kernels through it: 16 interpreters importing torch
+        beside the collector, for kernels the main process loads from the cache itself."""
+        if self.compile_ahead_report is not None and self.compile_ahead_report.get("ok"):
+            return contextlib.nullcontext()
+        return parallel_compile()
 
     def _finish_compile_ahead(self) -> bool:
         """Once, before the first compile in this process: wait for the compile-ahead child. In
@@ -309,7 +319,7 @@ class UniLabFlashSACLearner:
         self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
         iterations = self.learner.iterations
         startup_event("prepare_for_collection_start")
-        with self.learner.engine.preserved(), parallel_compile():  # the collector is not running yet
+        with self.learner.engine.preserved(), self._compile_workers():  # the collector is not running yet
             self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
         startup_event("prepare_for_collection_end")
