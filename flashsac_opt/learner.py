@@ -103,10 +103,6 @@ class FlashSACLearner:
         self.target_critic.params.requires_grad_(False)
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
-        if cfg.learner_mode == "graph" and self.device.type == "cuda" and explore_graph.wanted():
-            # UniLab serves collection from the learner's thread, between iterations: one replay
-            # instead of ~40 launches per collection step (explore_graph.py)
-            self.actor.captured_explore = explore_graph.CapturedExplore(self.actor)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(
@@ -142,6 +138,10 @@ class FlashSACLearner:
         self.broadcast_params = False
         self._dims = {"obs": obs_dim, "critic_obs": critic_obs_dim, "action": action_dim}
         self.engine = self._make_engine()
+        if self.engine.graph is not None and explore_graph.wanted():
+            # graph mode (CUDA): UniLab serves collection from the learner's thread, between
+            # iterations: one replay instead of ~40 launches per collection step (explore_graph.py)
+            self.actor.captured_explore = explore_graph.CapturedExplore(self.actor)
         if process_group is not None and process_group is not False:
             self.enable_data_parallel(process_group)
 

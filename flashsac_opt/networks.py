@@ -19,16 +19,13 @@ Layers:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from flashsac_opt.flat import FlatLayout
-
-if TYPE_CHECKING:
-    from flashsac_opt.explore_graph import CapturedExplore
 
 BN_MOMENTUM = 0.01
 BN_EPS = 1e-5
@@ -217,8 +214,9 @@ class FlashSACActor(_FlatNetwork):
         self._held_noise: torch.Tensor | None = None
         self._hold_count: torch.Tensor | None = None
         self._hold_target: torch.Tensor | None = None
-        # explore_graph.CapturedExplore when the learner runs in graph mode on CUDA
-        self.captured_explore: "CapturedExplore | None" = None
+        # an explore_graph.CapturedExplore when the learner runs in graph mode (CUDA); networks
+        # know nothing of graphs: anything with usable(obs, dones) and __call__(obs, dones)
+        self.captured_explore: Any = None
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"], p[f"{name}.bias"]
