@@ -26,7 +26,7 @@ esac
 """
 
 
-def run(tmp_path, *command, fake=True):
+def run(tmp_path, *command, fake=True, via=()):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if fake:
@@ -35,7 +35,7 @@ def run(tmp_path, *command, fake=True):
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin", CALLS=str(tmp_path / "calls.txt"))
     report = tmp_path / "mps.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--report", str(report), "--", *command], env=env,
+    done = subprocess.run([sys.executable, str(SCRIPT), "--report", str(report), *via, "--", *command], env=env,
                           capture_output=True, text=True, timeout=60)
     return done, json.loads(report.read_text())
 
@@ -48,6 +48,9 @@ def test_the_command_runs_under_the_daemon_which_is_always_stopped(tmp_path):
     pipe = Path(seen.read_text())
     assert report["daemon_started"] and report["pipe_directory"] == str(pipe) and report["servers"] == "4242"
     assert report["command_status"] == 0 and report["daemon_log"].strip() == "started"
+    # by default UniLab's uni-cumps was asked first; without nvidia-smi it refused, and the script
+    # started the daemon itself, saying why
+    assert report["via"] == "direct" and report["uni_cumps_error"].startswith("uni-cumps start exited")
     assert (tmp_path / "calls.txt").read_text().split() == ["get_server_list", "quit"]
     assert not pipe.exists()  # the private folders are removed
     # a failing command: its status comes back, and the daemon is still stopped
@@ -71,3 +74,9 @@ def test_a_dry_run_starts_no_daemon_and_writes_no_report(tmp_path):
                           env=dict(os.environ, PATH="/usr/bin:/bin"))
     assert done.returncode == 0 and "would start" in done.stdout and "inner ['--dry-run']" in done.stdout
     assert not report.exists()
+
+
+def test_via_direct_does_not_ask_uni_cumps(tmp_path):
+    done, report = run(tmp_path, sys.executable, "-c", "pass", via=("--via", "direct"))
+    assert done.returncode == 0 and report["via"] == "direct" and "uni_cumps_error" not in report
+    assert report["daemon_started"] and report["servers"] == "4242"

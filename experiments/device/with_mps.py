@@ -8,8 +8,11 @@ through one server and their kernels can run side by side. UniLab's own switch
 records, and works under, an *ambient* daemon reachable through CUDA_MPS_PIPE_DIRECTORY: that is
 what this script provides.
 
-It starts `nvidia-cuda-mps-control -d` with private pipe and log folders (a temporary folder,
-nothing system-wide), runs the command with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set,
+By default it starts the daemon the way README's recipe does, through UniLab's own `uni-cumps
+start` / `env` / `stop` (run as `python -m unilab.training.cuda_mps_cli`: the device has no console
+scripts); where that fails (the report's `uni_cumps_error`) or with `--via direct`, it starts
+`nvidia-cuda-mps-control -d` itself. Either way with private pipe and log folders (a temporary folder,
+nothing system-wide); it runs the command with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set,
 asks the daemon which servers it started (`get_server_list`: a server means the command's CUDA
 contexts went through MPS), and always stops the daemon (`quit`). The GPU's compute mode and other
 settings are left as they are. Where the daemon cannot start (no binary, a sandbox without MPS),
@@ -35,6 +38,24 @@ from pathlib import Path
 
 CONTROL = "nvidia-cuda-mps-control"
 NO_MPS = 3  # exit status when no daemon could be started
+UNI_CUMPS = [sys.executable, "-m", "unilab.training.cuda_mps_cli"]  # UniLab's `uni-cumps`
+
+
+def uni_cumps(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([*UNI_CUMPS, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def start_with_uni_cumps(work: Path, name: str) -> dict[str, str]:
+    """UniLab's user-owned daemon for the one visible GPU, its folders under ``work``: the
+    environment `uni-cumps env` gives a launcher. Raises RuntimeError with UniLab's message."""
+    started = uni_cumps("start", "--name", name, "--pipe-dir", str(work / "pipe"), "--log-dir", str(work / "log"))
+    if started.returncode != 0:
+        raise RuntimeError(f"uni-cumps start exited {started.returncode}: {(started.stdout + started.stderr).strip()[-500:]}")
+    told = uni_cumps("env", "--name", name, "--json")
+    if told.returncode != 0:
+        uni_cumps("stop", "--name", name)
+        raise RuntimeError(f"uni-cumps env exited {told.returncode}: {(told.stdout + told.stderr).strip()[-500:]}")
+    return dict(json.loads(told.stdout)["env"])
 
 
 def control(command: str, env: dict, timeout: float = 10.0) -> str:
@@ -46,6 +67,8 @@ def control(command: str, env: dict, timeout: float = 10.0) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--report", type=Path, required=True, help="JSON: whether the daemon ran, its servers, the command's status")
+    parser.add_argument("--via", choices=("uni-cumps", "direct"), default="uni-cumps",
+                        help="start the daemon through UniLab's uni-cumps (default; falls back to direct) or directly")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -54,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if command[0] in ("python", "python3"):  # this interpreter (the device's torch environment), not the PATH's
         command[0] = sys.executable
     if command[-1] == "--dry-run":  # run.py's dry run appends it: say what would run, start nothing
-        print(f"would start `{CONTROL} -d` with private pipe and log folders, run the command under it, "
-              f"then ask get_server_list and quit; the command's own dry run:")
+        how = "UniLab's `uni-cumps start` (else `" + CONTROL + " -d`)" if args.via == "uni-cumps" else f"`{CONTROL} -d`"
+        print(f"would start {how} with private pipe and log folders, run the command under it, "
+              f"then ask get_server_list and stop it; the command's own dry run:")
         return subprocess.run(command).returncode
     report: dict = {"experiment": "with_mps", "command": command, "daemon_started": False}
     args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -63,11 +87,30 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         args.report.write_text(json.dumps(report, indent=1))
 
-    work = Path(tempfile.mkdtemp(prefix="flashsac_opt_mps_"))
+    work = Path(tempfile.mkdtemp(prefix="fso_mps_"))  # short: the control socket's path is limited
     env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(work / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(work / "log"))
     (work / "pipe").mkdir()
     (work / "log").mkdir()
+    name = f"flashsac-opt-{os.getpid()}"
+    report["via"] = "direct"
     try:
+        if args.via == "uni-cumps":
+            try:
+                (work / "uc").mkdir()  # its own folders: a failed start leaves nothing in the direct path's
+                env = dict(os.environ, **start_with_uni_cumps(work / "uc", name))
+                report.update(via="uni-cumps", daemon_started=True, pipe_directory=env["CUDA_MPS_PIPE_DIRECTORY"],
+                              cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
+                save()
+                began = time.time()
+                status = subprocess.run(command, env=env).returncode
+                report.update(command_status=status, command_seconds=round(time.time() - began, 1))
+                report["servers"] = control("get_server_list", env)
+                return status
+            except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+                if report["daemon_started"]:
+                    raise
+                report["uni_cumps_error"] = str(exc)[:1000]
+                print(f"with_mps: uni-cumps did not start a daemon ({exc}); starting {CONTROL} directly", file=sys.stderr)
         if shutil.which(CONTROL) is None:
             report["why_not"] = f"{CONTROL} is not on the PATH"
             save()
@@ -90,7 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         report["servers"] = control("get_server_list", env)  # server PIDs: the command's contexts went through MPS
         return status
     finally:
-        if report["daemon_started"]:
+        if report["daemon_started"] and report["via"] == "uni-cumps":
+            stopped = uni_cumps("stop", "--name", name)
+            report["quit"] = (stopped.stdout + stopped.stderr).strip()[-1000:]
+            time.sleep(1.0)
+            logs = Path(env["CUDA_MPS_LOG_DIRECTORY"])
+            report["daemon_log"] = _read(logs / "control.log")
+            report["server_log"] = _read(logs / "server.log")
+        elif report["daemon_started"]:
             report["quit"] = control("quit", env)
             time.sleep(1.0)
             report["daemon_log"] = _read(work / "log" / "control.log")
