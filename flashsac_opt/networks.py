@@ -292,11 +292,24 @@ class FlashSACActor(_FlatNetwork):
         (``torch.where``), so it never synchronizes with the host. With ``captured_explore``
         set (graph mode on CUDA, see explore_graph.py) the stochastic call is one graph replay.
         """
+        self._check_collection_input(obs, dones)
         if deterministic:
             return torch.tanh(self.distribution_params(obs, self.params, self.bn_stats, training=False)[0])
         if self.captured_explore is not None and self.captured_explore.usable(obs, dones):
             return self.captured_explore(obs, dones)
         return self.explore_step(obs, dones)
+
+    def _check_collection_input(self, obs: torch.Tensor, dones: torch.Tensor | None) -> None:
+        """The collector's side of the learner boundary: a clear error before anything is
+        captured or drawn (a wrong width would otherwise fail inside a GEMM, or be captured)."""
+        if not isinstance(obs, torch.Tensor) or obs.dim() != 2 or obs.shape[1] != self.obs_dim:
+            shape = tuple(obs.shape) if isinstance(obs, torch.Tensor) else type(obs).__name__
+            raise ValueError(f"explore: obs must be a (num_envs, {self.obs_dim}) tensor, got {shape}")
+        if not obs.is_floating_point():
+            raise ValueError(f"explore: obs must be floating point, got {obs.dtype}")
+        if dones is not None and (not isinstance(dones, torch.Tensor) or dones.numel() != obs.shape[0]):
+            got = tuple(dones.shape) if isinstance(dones, torch.Tensor) else type(dones).__name__
+            raise ValueError(f"explore: dones must hold one flag per env ({obs.shape[0]}), got {got}")
 
     def explore_step(self, obs: torch.Tensor, dones: torch.Tensor | None) -> torch.Tensor:
         """One stochastic collection step; the held-noise state is updated in place (a captured

@@ -69,6 +69,21 @@ def test_the_collection_forward_falls_back_to_eager_off_cuda():
     assert torch.equal(a, plain.explore(obs, torch.zeros(4))) and actor.captured_explore.graphs == {}
 
 
+def test_bad_collection_input_gets_a_clear_error_and_changes_nothing():
+    actor = FlashSACActor(obs_dim=6, action_dim=3, hidden_dim=8, num_blocks=1)
+    actor.explore(torch.randn(4, 6))
+    state = [t.clone() for t in actor.exploration_state()]
+    for obs, dones, message in ((torch.randn(4, 5), None, r"obs must be a \(num_envs, 6\) tensor, got \(4, 5\)"),
+                                (torch.randn(6), None, "obs must be a"),
+                                (torch.ones(4, 6, dtype=torch.int64), None, "floating point"),
+                                (torch.randn(4, 6), torch.zeros(3), r"one flag per env \(4\), got \(3,\)"),
+                                ([[0.0] * 6] * 4, None, "got list")):
+        with pytest.raises(ValueError, match=message):
+            actor.explore(obs, dones)
+    assert all(torch.equal(a, b) for a, b in zip(actor.exploration_state(), state))
+    actor.explore(torch.randn(4, 6), torch.zeros(4, 1))  # a column of flags is fine
+
+
 def test_the_switch_names_its_values_and_refuses_others(monkeypatch):
     from flashsac_opt import explore_graph
 
