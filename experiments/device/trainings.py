@@ -73,10 +73,9 @@ def cli(*args: str) -> list[str]:
 
 
 # UniLab's replay pipeline JIT-builds a C++ extension (torch.utils.cpp_extension.load) on a CUDA
-# host; the build is keyed by the source's path, so each copy pays it (20-25 s) in its first
-# training. A user's install builds it once for stock and patched alike: build it for both
-# copies before any measured training, so no start-up includes it (2026-12-01: the patched
-# copy's cold start carried 20.0 s of it that the stock copy had paid in a throw-away run).
+# host, 20-25 s. A user's install builds it once: build it for both copies, each in its own
+# folder (copy_env), before any measured training, so no start-up includes it (2026-12-01: the
+# patched copy's cold start carried 20.0 s of it, then 21.0 s with a prebuild in a shared folder).
 NATIVE_EXTENSION = ("import sys; from unilab.rl.runtime.ipc.replay_pipelines.native_h2d import _try_load_extension; "
                     "sys.exit(0 if _try_load_extension() is not None else 3)")
 

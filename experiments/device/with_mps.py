@@ -98,33 +98,25 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 (work / "uc").mkdir()  # its own folders: a failed start leaves nothing in the direct path's
                 env = dict(os.environ, **start_with_uni_cumps(work / "uc", name))
-                report.update(via="uni-cumps", daemon_started=True, pipe_directory=env["CUDA_MPS_PIPE_DIRECTORY"],
-                              cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
-                save()
-                began = time.time()
-                status = subprocess.run(command, env=env).returncode
-                report.update(command_status=status, command_seconds=round(time.time() - began, 1))
-                report["servers"] = control("get_server_list", env)
-                return status
+                report.update(via="uni-cumps", daemon_started=True, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
             except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
-                if report["daemon_started"]:
-                    raise
                 report["uni_cumps_error"] = str(exc)[:1000]
                 print(f"with_mps: uni-cumps did not start a daemon ({exc}); starting {CONTROL} directly", file=sys.stderr)
-        if shutil.which(CONTROL) is None:
-            report["why_not"] = f"{CONTROL} is not on the PATH"
-            save()
-            print(f"with_mps: {report['why_not']}; the command was not run", file=sys.stderr)
-            return NO_MPS
-        started = subprocess.run([CONTROL, "-d"], env=env, capture_output=True, text=True, timeout=30)
-        time.sleep(1.0)  # the daemon creates its control pipe after forking
-        if started.returncode != 0 or not (work / "pipe" / "control").exists():
-            report["why_not"] = f"`{CONTROL} -d` exited {started.returncode}: {(started.stdout + started.stderr).strip()[:500]}"
-            report["daemon_log"] = _read(work / "log" / "control.log")
-            save()
-            print(f"with_mps: no MPS daemon ({report['why_not']}); the command was not run", file=sys.stderr)
-            return NO_MPS
-        report["daemon_started"] = True
+        if not report["daemon_started"]:
+            if shutil.which(CONTROL) is None:
+                report["why_not"] = f"{CONTROL} is not on the PATH"
+                save()
+                print(f"with_mps: {report['why_not']}; the command was not run", file=sys.stderr)
+                return NO_MPS
+            started = subprocess.run([CONTROL, "-d"], env=env, capture_output=True, text=True, timeout=30)
+            time.sleep(1.0)  # the daemon creates its control pipe after forking
+            if started.returncode != 0 or not (work / "pipe" / "control").exists():
+                report["why_not"] = f"`{CONTROL} -d` exited {started.returncode}: {(started.stdout + started.stderr).strip()[:500]}"
+                report["daemon_log"] = _read(work / "log" / "control.log")
+                save()
+                print(f"with_mps: no MPS daemon ({report['why_not']}); the command was not run", file=sys.stderr)
+                return NO_MPS
+            report["daemon_started"] = True
         report["pipe_directory"] = env["CUDA_MPS_PIPE_DIRECTORY"]
         save()
         began = time.time()
@@ -133,18 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         report["servers"] = control("get_server_list", env)  # server PIDs: the command's contexts went through MPS
         return status
     finally:
-        if report["daemon_started"] and report["via"] == "uni-cumps":
-            stopped = uni_cumps("stop", "--name", name)
-            report["quit"] = (stopped.stdout + stopped.stderr).strip()[-1000:]
+        if report["daemon_started"]:
+            if report["via"] == "uni-cumps":
+                stopped = uni_cumps("stop", "--name", name)
+                report["quit"] = (stopped.stdout + stopped.stderr).strip()[-1000:]
+            else:
+                report["quit"] = control("quit", env)
             time.sleep(1.0)
             logs = Path(env["CUDA_MPS_LOG_DIRECTORY"])
             report["daemon_log"] = _read(logs / "control.log")
             report["server_log"] = _read(logs / "server.log")
-        elif report["daemon_started"]:
-            report["quit"] = control("quit", env)
-            time.sleep(1.0)
-            report["daemon_log"] = _read(work / "log" / "control.log")
-            report["server_log"] = _read(work / "log" / "server.log")
         save()
         shutil.rmtree(work, ignore_errors=True)
 
