@@ -72,12 +72,16 @@ class RankAverager:
         self.world_size = dist.get_world_size(group)
         self.gradient_wire_dtype = gradient_wire_dtype
 
+    def compresses(self, numel: int, dtype: torch.dtype = torch.float32) -> bool:
+        """Whether a gradient of ``numel`` elements crosses the wire as bf16 (UniLab's rule)."""
+        return self.gradient_wire_dtype == "bfloat16" and dtype == torch.float32 and numel >= WIRE_MIN_NUMEL
+
     def average(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Average ``tensors`` across ranks; returns new tensors (same shapes, dtypes). The first is
         the gradient (the engine's ``reduce(grad, *loss outputs)``): with a bf16 wire it goes in a
         bf16 all-reduce of its own, the rest in one fp32 bucket; else all in one bucket."""
         grad = tensors[0]
-        if self.gradient_wire_dtype == "bfloat16" and grad.dtype == torch.float32 and grad.numel() >= WIRE_MIN_NUMEL:
+        if self.compresses(grad.numel(), grad.dtype):
             wire = grad.detach().reshape(-1).to(torch.bfloat16)
             dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group)
             averaged = (wire.float() * (1.0 / self.world_size)).view(grad.shape)  # UniLab's order: fp32 first, then 1/world
@@ -143,8 +147,8 @@ def check_same_config(averager: RankAverager, description: dict) -> None:
 def collective_bytes_per_iteration(learner, updates_per_step: int, policy_frequency: int) -> int:
     """Bytes each rank all-reduces per iteration, from the learner's layout (the gradients at the
     averager's wire dtype, everything else fp32)."""
-    wire = 2 if learner.averager is not None and learner.averager.gradient_wire_dtype == "bfloat16" else 4
-    grad_bytes = lambda numel: (wire if numel >= WIRE_MIN_NUMEL else 4) * numel  # noqa: E731
+    averager = learner.averager
+    grad_bytes = lambda numel: (2 if averager is not None and averager.compresses(numel) else 4) * numel  # noqa: E731
     critic = grad_bytes(learner.critic.layout.numel) + 4 * (1 + 2 * learner.critic.stats_layout.numel)
     actor = grad_bytes(learner.actor.layout.numel) + 4 * (2 + learner.actor.stats_layout.numel)
     actor_updates = len(range(0, updates_per_step, policy_frequency))
