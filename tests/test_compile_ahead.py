@@ -190,6 +190,62 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert not gate.running and not ranked.learner.engine.compile_deferred
 
 
+def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collector(require_unilab, monkeypatch, tmp_path):
+    # patches/0004: UniLab's runner calls use_startup_idle_time while its collector starts; once
+    # the child is done the compile and its warm-up happen there, state untouched, and the first
+    # update compiles nothing
+    from torch._dynamo.utils import counters
+
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab import adapter
+
+    class Gate:
+        running, report, waited_s = True, {"seconds": 2.5, "rows": 64}, None
+
+        def wait(self, timeout=None):
+            self.running, self.waited_s = False, 0.0
+            return True
+
+        @property
+        def done(self):
+            return not self.running
+
+    gate = Gate()
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: gate))
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
+    events = tmp_path / "startup_events.jsonl"
+    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
+    torch._dynamo.reset()
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+    batch = synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0))
+
+    class Context:
+        target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
+        replay_batch = batch
+
+    learner.prepare_for_collection(Context())
+    engine = learner.learner.engine
+    learner.use_startup_idle_time()  # the child still compiles: nothing
+    assert engine.compile_deferred and engine.compiled_names() == []
+    before = {k: v.clone() for k, v in learner.learner.network_tensors().items()}
+    gate.running = False
+    learner.use_startup_idle_time()
+    assert not engine.compile_deferred and engine.compiled_names() == ["critic_step", "actor_step"]
+    after = learner.learner.network_tensors()
+    assert all(torch.equal(before[k], after[k]) for k in before) and learner.learner.iterations == 0
+    graphs = counters["stats"].get("unique_graphs", 0)
+    learner.use_startup_idle_time()  # once only
+    learner.update_cycle(batch, updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    assert counters["stats"].get("unique_graphs", 0) == graphs and learner.learner.iterations == 1
+    assert not all(torch.equal(before[k], learner.learner.network_tensors()[k]) for k in before)  # it trained
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
+        "learner_constructed", "prepare_for_collection_deferred", "compile_ahead_done", "startup_idle_compile_start",
+        "startup_idle_compile_end", "first_update_start", "first_update_end"]
+
+
 def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):
     from test_unilab_integration import _unilab_kwargs
 

@@ -530,6 +530,19 @@ def test_startup_summary_reads_first_update_and_the_compile_ahead_line(tmp_path)
                                  "first update (compile-ahead wait, compile)": 0.4}
     (top,) = timed["startup_stacks_top"]  # the process with no samples is left out
     assert top["top"][0][1] == 10.0 and fig.read_bytes()[:4] == b"\x89PNG"
+    # a warm start with compile ahead: the compile from the child's caches inside the collector's
+    # start (patches/0004) is its own phase, and the phases still add up to the first update
+    training.update(startup_timeline={"learner_constructed_s": 15.0, "prepare_for_collection_deferred_s": 16.0,
+                                      "compile_ahead_done_s": 26.0, "startup_idle_compile_start_s": 26.0,
+                                      "startup_idle_compile_end_s": 32.5, "first_update_start_s": 34.0, "first_update_end_s": 34.1})
+    (tmp_path / "warm.json").write_text(json.dumps(training))
+    done = subprocess.run([sys.executable, str(REPO / "experiments" / "report" / "summarize_startup.py"),
+                           "--run", f"warm={tmp_path / 'warm.json'}", "--output", str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["runs"]["warm"]["phases_s"] == {
+        "UniLab start to the learner": 15.0, "learner to start-up compile": 1.0, "collector starting, learner waiting for the child": 10.0,
+        "compile from the child's caches while the collector starts": 6.5, "collector start, learning_starts": 1.5,
+        "first update (compile-ahead wait, compile)": 0.1}
 
 
 # A stand-in for UniLab's train: logs Train/mean_reward (a ramp of 1 per iteration) through

@@ -39,7 +39,7 @@ def checkout(tmp_path, require_unilab):
 def test_apply_is_idempotent_and_revert_is_byte_identical(site):
     original = tree_digest(site)
     changed = unilab_patch.apply(site, include_optional=True)
-    assert len(changed) == 9  # 0001: 2 files, 0002: 3, 0003: 4
+    assert len(changed) == 10  # 0001: 2 files, 0002: 3, 0003: 4, 0004: 1
     patched = tree_digest(site)
     assert {k for k in original if original[k] != patched[k]} == set(changed)
     assert unilab_patch.apply(site, include_optional=True) == []  # again: nothing to do
@@ -53,12 +53,13 @@ def test_apply_is_idempotent_and_revert_is_byte_identical(site):
 def test_checkout_layout_and_dry_run(checkout):
     before = tree_digest(checkout / "src")
     changed = unilab_patch.apply(checkout, dry_run=True)
-    assert changed == ["unilab/rl/algos/flash_sac/double_buffer.py", "unilab/conf/flashsac/config.yaml"]
+    assert changed == ["unilab/rl/algos/flash_sac/double_buffer.py", "unilab/conf/flashsac/config.yaml",
+                       "unilab/rl/runtime/offpolicy/double_buffer_runner.py"]  # 0001, 0004: the required ones
     assert tree_digest(checkout / "src") == before  # dry run: nothing written
     unilab_patch.apply(checkout)
     report = unilab_patch.status(checkout)
     assert report["version"] == "1.5.2"
-    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied"]  # 0002, 0003: optional
+    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied"]  # 0002, 0003: optional
 
 
 def test_refuses_a_locally_modified_file(site):
@@ -112,9 +113,52 @@ def test_apply_rolls_back_when_a_write_fails(site, monkeypatch):
 def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
     other = copy_unilab(tmp_path / "other")
     unilab_patch.apply(site, include_optional=True)
-    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch"):
+    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch", "0004-startup-idle-compile.patch"):
         subprocess.run(["patch", "-p1", "-s", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
     assert tree_digest(other) == tree_digest(site)
+
+
+_RUNNER_WAIT = """
+import queue, types
+from unilab.rl.runtime.offpolicy import double_buffer_runner as r
+from unilab.rl.runtime.offpolicy.coordination import LearnerCoordinationState
+from unilab.rl.runtime.offpolicy.worker import COLLECTOR_READY_TICK
+
+class Requests:  # empty twice, the collector's ready signal, empty once more, then its tick 0
+    items = [None, None, COLLECTOR_READY_TICK, None, 0]
+    def get(self, timeout):
+        item = self.items.pop(0)
+        if item is None:
+            raise queue.Empty
+        return item
+
+calls = []
+class Learner:
+    def use_startup_idle_time(self):  # the phase the collector sees while the learner uses the wait
+        calls.append(runner._learner_coordination.snapshot()[0].name)
+
+runner = object.__new__(r.DoubleBufferOffPolicyRunner)
+runner.learner, runner._collector_ready = Learner(), False
+runner._learner_coordination = LearnerCoordinationState()
+runner._drain_metrics = lambda *a, **k: None
+runner._check_collector_alive = lambda: True
+tick = runner._wait_for_inference_request(
+    Requests(), expected_tick=0, replay_pipeline=types.SimpleNamespace(progress=lambda: None), metrics_queue=None,
+    reward_history=None, latest_reward_components=None, logger=types.SimpleNamespace(start=lambda: None),
+    trace_recorder=None, replay_buffer=None, ckpt_path=None, train_start_wall=0.0)
+print(tick, calls, runner._learner_coordination.snapshot()[0].name)
+"""
+
+
+def test_the_patched_runner_lends_its_wait_for_the_collector_to_the_learner(site):
+    # patches/0004: while UniLab's runner waits for its collector to start, the learner may use
+    # the time (flashsac_opt compiles there); once the collector is ready, the waits are its own
+    unilab_patch.apply(site)
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", _RUNNER_WAIT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # called on both empty polls before the ready signal, marked busy meanwhile; not after it
+    assert done.stdout.split("\n")[-2] == "0 ['BUSY', 'BUSY'] BUSY"
 
 
 # ------------------------------------------------------------------ adapter
@@ -231,7 +275,7 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr[-2000:]
     where, count = found.stdout.split()
-    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 3
+    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 4
 
 
 @pytest.mark.parametrize("version", [0, 1, 2])

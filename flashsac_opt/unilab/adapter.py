@@ -12,7 +12,9 @@
 - ``get_state_dict`` / ``load_state_dict`` in UniLab's ``model_N.pt`` layout, so stock
   UniLab's play/eval (which rebuilds its own actor) loads flashsac_opt checkpoints;
 - ``prepare_for_collection`` to compile/capture before collection starts (or, while the
-  compile-ahead child still compiles, to let collection start; compile_ahead.py).
+  compile-ahead child still compiles, to let collection start; compile_ahead.py), and
+  ``use_startup_idle_time`` (patches/0004) to do that compile while the runner waits for its
+  collector to start.
 
 Metric names are UniLab's registered tags only: UniLab's logger rejects any other name.
 """
@@ -146,6 +148,7 @@ class UniLabFlashSACLearner:
         if self._compile_ahead is not None and compile_ahead_mode() == "background":
             self.learner.engine.defer_compile()
         self.compile_ahead_report: dict[str, Any] | None = None
+        self._collection_warmup: Any = None  # prepare_for_collection's context while its compile waits for the child
         self._gradient_sync: Any = None  # UniLab's, when the run is data parallel
         self.device = self.learner.device
         self.obs_dim, self.critic_obs_dim, self.action_dim = obs_dim, critic_obs_dim, action_dim
@@ -238,8 +241,9 @@ class UniLabFlashSACLearner:
         if background:
             self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
             if compiled:
-                print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the training ran "
-                      f"uncompiled until now and compiles from its caches", flush=True)
+                before = "ran uncompiled until now and" if self.learner.iterations else "has not started yet:"
+                print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the training {before} "
+                      f"compiles from its caches", flush=True)
             return True
         if compiled:
             print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
@@ -295,10 +299,11 @@ class UniLabFlashSACLearner:
 
     def prepare_for_collection(self, warmup_context: Any) -> None:
         """Compile (and in graph mode capture) before collection; training state is unchanged.
-        While the compile-ahead child still compiles, nothing: collection starts at once and the
-        first update waits for the child (or, in the background mode, runs uncompiled until it is
-        done), then compiles from the caches it filled. A child already done (its report written,
-        only its teardown left) is not waited out: the compile happens here, from its caches."""
+        While the compile-ahead child still compiles, nothing: collection starts at once, and the
+        compile from the caches it filled happens once it is done, while the runner waits for its
+        collector to start (``use_startup_idle_time``) or else at the first update that finds it
+        done (in the background mode the updates before run uncompiled). A child already done
+        (its report written, only its teardown left) is not waited out: the compile happens here."""
         notice = mps_notice(self.device.type, self._gradient_sync is not None, dict(os.environ))
         if notice:  # the runner calls this once, after its data-parallel set-up
             print(notice, flush=True)
@@ -306,8 +311,26 @@ class UniLabFlashSACLearner:
             return
         if self._compile_ahead is not None and not self._compile_ahead.done:
             self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
+            self._collection_warmup = warmup_context
             startup_event("prepare_for_collection_deferred")
             return
+        self._compile_for_collection(warmup_context, "prepare_for_collection")
+
+    def use_startup_idle_time(self) -> None:
+        """UniLab's runner calls this (patches/0004) every 0.1 s while it waits for its collector
+        process to start, before the collector's ready signal: nothing reads or updates the
+        learner then. Once the compile-ahead child is done, the compile from its caches (and the
+        capture) runs here, in time the training waits anyway, and not at the first update (a
+        warm start spent 6.4-6.8 s there at 64 updates per step while this process had waited
+        ~17 s for its collector: results/time_to_reward/u64_one_gpu_mps_explore_graph_2026-12-01/)."""
+        if self._collection_warmup is None or self._compile_ahead is None or not self._compile_ahead.done:
+            return
+        context, self._collection_warmup = self._collection_warmup, None
+        self._compile_for_collection(context, "startup_idle_compile")
+
+    def _compile_for_collection(self, warmup_context: Any, event: str) -> None:
+        """One iteration on UniLab's warm-up batch, undone: it compiles (from the child's caches
+        when there is one) and, in graph mode, captures the iteration the training will replay."""
         self._finish_compile_ahead()
         batch = getattr(warmup_context, "replay_batch", None)
         if batch is None:
@@ -318,11 +341,11 @@ class UniLabFlashSACLearner:
             )
         self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
         iterations = self.learner.iterations
-        startup_event("prepare_for_collection_start")
-        with self.learner.engine.preserved(), self._compile_workers():  # the collector is not running yet
+        startup_event(f"{event}_start")
+        with self.learner.engine.preserved(), self._compile_workers():  # the collector is not collecting yet
             self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
-        startup_event("prepare_for_collection_end")
+        startup_event(f"{event}_end")
 
     # ------------------------------------------------------------ data parallel (training.devices=[...])
     def set_gradient_sync(self, sync: Any) -> None:
