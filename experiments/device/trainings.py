@@ -100,6 +100,17 @@ def prebuild_native_extension(site: Path) -> tuple[str, float]:
     return ("built" if done.returncode == 0 else "unavailable"), time.monotonic() - start
 
 
+def series_digest() -> str:
+    """The patch series as this checkout has it: a copy made under another series (a warm
+    device machine keeps .device_work/ between calls) is made again."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "patches").glob("*.patch")) + [REPO / "patches" / "series.json"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def prepare_copies(root: Path, cpu: bool) -> tuple[Path, Path]:
     """Stock and patched copies of the installed unilab package, with placeholder meshes."""
     spec = importlib.util.find_spec("unilab")
@@ -111,7 +122,8 @@ def prepare_copies(root: Path, cpu: bool) -> tuple[Path, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other job of a 2-GPU call may be making them too
         for name in ("stock", "patched"):
             site = root / name
-            if (site / ".ready").is_file():
+            ready = site / ".ready"
+            if ready.is_file() and ready.read_text() == series_digest():
                 continue
             if site.exists():
                 shutil.rmtree(site)
@@ -126,7 +138,7 @@ def prepare_copies(root: Path, cpu: bool) -> tuple[Path, Path]:
             if not cpu:
                 state, seconds = prebuild_native_extension(site)
                 print(f"UniLab's native H2D extension for the {name} copy: {state} in {seconds:.1f} s (before any timed training)", flush=True)
-            (site / ".ready").write_text("")
+            ready.write_text(series_digest())
     return root / "stock", root / "patched"
 
 
