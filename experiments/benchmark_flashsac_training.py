@@ -239,8 +239,17 @@ def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | N
 # process serving the collector's inference (serial with the learning), and the collector's
 # environment phases (UniLab's Perf tags; values in ms).
 DETAIL_TAGS = {
+    # the learner's phases beside the learning (UniLab's SAC-family profile: mutually exclusive,
+    # with the learning they make up the iteration), so the iteration's gap can be read whole
+    "collector_wait_ms": "Perf/learner_collector_wait_ms",
     "inference_ms": "Perf/learner_inference_ms",
+    "collector_release_ms": "Perf/learner_collector_release_ms",
+    "replay_batch_wait_ms": "Perf/learner_replay_batch_wait_ms",
+    "replay_sample_ms": "Perf/learner_replay_sample_ms",
     "inference_forward_ms": "Perf/learner_inference_forward_ms",
+    # the collector's side: waiting for the learner's actions, and its whole environment step
+    "collector_action_wait_ms": "Perf/collector_learner_action_wait_ms",
+    "collector_env_step_ms": "Perf/collector_env_step_ms",
     "collector_update_state_ms": "Perf/collector_env_step_update_state_ms",
     "collector_reset_done_ms": "Perf/collector_env_step_reset_done_ms",
     # stock UniLab data parallel: its gradient all-reduces' GPU time per rank (its own events)

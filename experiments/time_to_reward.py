@@ -42,6 +42,10 @@ WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
 SPLIT_KEYS = ("inference_ms", "inference_forward_ms", "collector_update_state_ms", "collector_reset_done_ms", "collector_cycle_ms")
+# the learner's other phases and the collector's side, recorded since 2026-12-01 (session 14):
+# in split_ms only where a run has them
+SPLIT_KEYS_IF_LOGGED = ("collector_wait_ms", "collector_release_ms", "replay_batch_wait_ms", "replay_sample_ms",
+                        "collector_action_wait_ms", "collector_env_step_ms")
 GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n", "carrier", "gpu_sharing")
 
 # Replay (replay_buffer_n, learning_starts): FlashSAC's defaults (UniLab's conf/flashsac/config.yaml)
@@ -126,7 +130,8 @@ def summarize_file(path: Path, last: int) -> dict:
         "iteration_ms": tail_stats(report.get("rows_all", []), "iter_ms", last),
         # where the iteration beyond the learner goes (issue 17's contention): the learner serving
         # the collector's actions, and the collector's GPU phases (None where a run lacks them)
-        "split_ms": {key: tail_stats(report.get("rows_all", []), key, last) for key in SPLIT_KEYS},
+        "split_ms": {key: tail_stats(report.get("rows_all", []), key, last) for key in SPLIT_KEYS}
+        | {key: stats for key in SPLIT_KEYS_IF_LOGGED if (stats := tail_stats(report.get("rows_all", []), key, last)) is not None},
         "reward_last": rows[-1]["reward"] if rows else None,
         "reward_moving_mean_last": (moving_mean([r["reward"] for r in rows]) or [None])[-1],
         "reward_moving_mean_max": max(moving_mean([r["reward"] for r in rows]), default=None),
