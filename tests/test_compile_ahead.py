@@ -127,7 +127,7 @@ def test_the_switch_names_its_modes_and_refuses_others(monkeypatch):
         compile_ahead.mode()
 
 
-def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles(require_unilab, monkeypatch, tmp_path):
+def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles(require_unilab, monkeypatch, tmp_path, capsys):
     from torch._dynamo.utils import counters
 
     from test_unilab_integration import _unilab_kwargs
@@ -181,6 +181,7 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "first_update_start",
                                             "first_update_end", "compile_ahead_done", "background_compile_switched"]
     assert logged[4]["background"] and logged[4]["child_s"] == 1.5
+    assert "the training ran 2 iterations uncompiled and compiles from its caches now" in capsys.readouterr().out
     # a data-parallel run stops the child (it compiles the single-process form): nothing is left deferred
     gate = Gate()
     ranked = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
@@ -190,7 +191,7 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert not gate.running and not ranked.learner.engine.compile_deferred
 
 
-def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collector(require_unilab, monkeypatch, tmp_path):
+def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collector(require_unilab, monkeypatch, tmp_path, capsys):
     # patches/0004: UniLab's runner calls use_startup_idle_time while its collector starts; once
     # the child is done the compile and its warm-up happen there, state untouched, and the first
     # update compiles nothing
@@ -234,6 +235,7 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
     gate.running = False
     learner.use_startup_idle_time()
     assert not engine.compile_deferred and engine.compiled_names() == ["critic_step", "actor_step"]
+    assert "done in 2.5 s; the training compiles from its caches before its first update" in capsys.readouterr().out
     after = learner.learner.network_tensors()
     assert all(torch.equal(before[k], after[k]) for k in before) and learner.learner.iterations == 0
     graphs = counters["stats"].get("unique_graphs", 0)

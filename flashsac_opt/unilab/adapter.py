@@ -224,7 +224,7 @@ class UniLabFlashSACLearner:
             return contextlib.nullcontext()
         return parallel_compile()
 
-    def _finish_compile_ahead(self) -> bool:
+    def _finish_compile_ahead(self, before_training: bool = False) -> bool:
         """Once, before the first compile in this process: wait for the compile-ahead child. In
         the background mode only once the child is done (the update runs uncompiled until then);
         the update that follows compiles from its caches: True then."""
@@ -241,9 +241,13 @@ class UniLabFlashSACLearner:
         if background:
             self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
             if compiled:
-                before = "ran uncompiled until now and" if self.learner.iterations else "has not started yet:"
-                print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the training {before} "
-                      f"compiles from its caches", flush=True)
+                if before_training:
+                    what = "the training compiles from its caches before its first update"
+                elif self.learner.iterations:
+                    what = f"the training ran {self.learner.iterations} iterations uncompiled and compiles from its caches now"
+                else:
+                    what = "the first update compiles from its caches"
+                print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; {what}", flush=True)
             return True
         if compiled:
             print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
@@ -331,7 +335,7 @@ class UniLabFlashSACLearner:
     def _compile_for_collection(self, warmup_context: Any, event: str) -> None:
         """One iteration on UniLab's warm-up batch, undone: it compiles (from the child's caches
         when there is one) and, in graph mode, captures the iteration the training will replay."""
-        self._finish_compile_ahead()
+        self._finish_compile_ahead(before_training=True)
         batch = getattr(warmup_context, "replay_batch", None)
         if batch is None:
             from unilab.rl.runtime.offpolicy.warmup import build_offpolicy_warmup_batch
