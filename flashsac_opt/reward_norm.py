@@ -28,6 +28,7 @@ class RewardNormalizer:
         self.abs_max = torch.tensor(0.0, device=device)  # running max |G|
         # data parallel: this rank's statistics not yet folded in: count, mean, var, max |G|
         self.pending = torch.zeros(4, device=device)
+        self._env_count, self._env_count_of = torch.zeros((), device=device), 0  # len(returns) as a device scalar
 
     def update(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
         """Fold in transitions shaped (steps, num_envs) or (num_envs,), in time order."""
@@ -67,13 +68,18 @@ class RewardNormalizer:
             return
         if self.returns.shape != rewards.shape[-1:]:
             self.returns = torch.zeros(rewards.shape[-1], device=self.device)
+        if self._env_count_of != self.returns.numel():
+            # made once per env count, not per step: a host scalar copied to the GPU is a copy
+            # the host waits for, and UniLab calls this between every two learner iterations
+            self._env_count = torch.tensor(float(self.returns.numel()), device=self.device)
+            self._env_count_of = self.returns.numel()
         keep = 1.0 - torch.clamp(dones, 0.0, 1.0)
         abs_max = stats[3]
         for t in range(rewards.shape[0]):
             self.returns.mul_(self.gamma * keep[t]).add_(rewards[t])
             abs_max.copy_(torch.maximum(abs_max, self.returns.abs().max()))
             x = self.returns
-            _chan_merge(stats, torch.tensor(float(x.numel()), device=self.device), x.mean(), x.var(unbiased=False))
+            _chan_merge(stats, self._env_count, x.mean(), x.var(unbiased=False))
 
     def scale(self) -> torch.Tensor:
         return torch.maximum(torch.sqrt(self.var + self.eps), self.abs_max / max(self.g_max, self.eps))

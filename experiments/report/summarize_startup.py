@@ -66,7 +66,7 @@ def phases(timeline: dict) -> dict[str, float]:
     for name, start, end in PHASES:
         a, b = at(start), at(end)
         if a is not None and b is not None:
-            out[name] = round(b - a, 2)
+            out[name] = round(b - a, 2) or 0.0  # -0.0 (milestones 1 ms apart, in that order) reads as 0
     return out
 
 
