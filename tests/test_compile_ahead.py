@@ -191,6 +191,10 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert not gate.running and not ranked.learner.engine.compile_deferred
 
 
+def logged_compile_end(events: Path) -> float:
+    return next(e["time"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "startup_idle_compile_end")
+
+
 def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collector(require_unilab, monkeypatch, tmp_path, capsys):
     # patches/0004: UniLab's runner calls use_startup_idle_time while its collector starts; once
     # the child is done the compile and its warm-up happen there, state untouched, and the first
@@ -244,8 +248,10 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
     assert counters["stats"].get("unique_graphs", 0) == graphs and learner.learner.iterations == 1
     assert not all(torch.equal(before[k], learner.learner.network_tensors()[k]) for k in before)  # it trained
     assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
-        "learner_constructed", "prepare_for_collection_deferred", "compile_ahead_done", "startup_idle_compile_start",
-        "startup_idle_compile_end", "first_update_start", "first_update_end"]
+        "learner_constructed", "prepare_for_collection_deferred", "collector_start_wait", "compile_ahead_done",
+        "startup_idle_compile_start", "startup_idle_compile_end", "collector_start_wait_end", "first_update_start", "first_update_end"]
+    wait_end = [json.loads(line) for line in events.read_text().splitlines()][6]
+    assert wait_end["polls"] == 3 and wait_end["time"] >= logged_compile_end(events)  # the last poll came after the compile
 
 
 def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):

@@ -63,12 +63,13 @@ def unilab_compile_cache_file(value: Any) -> str | None:
     return None if text.lower() in ("off", "none", "null", "false", "") else text
 
 
-def startup_event(event: str, **extra: Any) -> None:
-    """Append one start-up milestone to the file FLASHSAC_OPT_STARTUP_EVENTS names (nothing without it)."""
+def startup_event(event: str, at: float | None = None, **extra: Any) -> None:
+    """Append one start-up milestone (now, or at the ``time.time()`` value ``at``) to the file
+    FLASHSAC_OPT_STARTUP_EVENTS names (nothing without it)."""
     path = os.environ.get(STARTUP_EVENTS_ENV)
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **extra}) + "\n")
+            f.write(json.dumps({"event": event, "time": time.time() if at is None else at, "pid": os.getpid(), **extra}) + "\n")
 
 
 def nccl_transport_notice(device_type: str, environ: dict[str, str]) -> str | None:
@@ -160,6 +161,7 @@ class UniLabFlashSACLearner:
         self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
         self._recorder = ReplayRecorder.from_env()
         self._first_update_seen = False
+        self._idle_polls, self._last_idle_poll = 0, 0.0  # use_startup_idle_time's calls: the start-up timeline
         startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=learner_mode)
 
     @contextlib.contextmanager
@@ -170,6 +172,8 @@ class UniLabFlashSACLearner:
             yield
             return
         self._first_update_seen = True
+        if self._idle_polls:  # the runner's last wait for its collector's start: ready within 0.1 s after it
+            startup_event("collector_start_wait_end", at=self._last_idle_poll, polls=self._idle_polls)
         startup_event("first_update_start")
         yield
         self._device_work_done("first_update_end")
@@ -327,6 +331,10 @@ class UniLabFlashSACLearner:
         capture) runs here, in time the training waits anyway, and not at the first update (a
         warm start spent 6.4-6.8 s there at 64 updates per step while this process had waited
         ~17 s for its collector: results/time_to_reward/u64_one_gpu_mps_explore_graph_2026-12-01/)."""
+        now = time.time()
+        if not self._idle_polls:
+            startup_event("collector_start_wait", at=now)
+        self._idle_polls, self._last_idle_poll = self._idle_polls + 1, now
         if self._collection_warmup is None or self._compile_ahead is None or not self._compile_ahead.done:
             return
         context, self._collection_warmup = self._collection_warmup, None
