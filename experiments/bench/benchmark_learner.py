@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
-from bench.roofline import inductor_kernel_gb, kernel_classes, measure_peaks  # noqa: E402
+from bench.roofline import inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -272,6 +272,8 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     counted = inductor_config.benchmark_kernel  # --kernel-bytes: each generated kernel carries its bytes
     gb_by_name, ambiguous = inductor_kernel_gb() if counted else (None, [])
     bytes_fields = {"kernel_bytes_ambiguous": [n for n in ambiguous if n in by_name]} if counted else {}
+    if counted:  # the ten slowest Triton kernels' sources: what the ones named by number compute
+        bytes_fields["top_kernel_sources"] = inductor_kernel_sources([n for n, _ in top[:10] if n.startswith("triton_")])
     return {
         "kernels_per_iteration": kernels / iterations,
         "launches_per_iteration": launches / iterations,

@@ -92,6 +92,23 @@ def inductor_kernel_gb() -> tuple[dict[str, float], list[str]]:
     return gb, sorted(name for name, values in seen.items() if len(values) > 1)
 
 
+def inductor_kernel_sources(names: list[str], limit: int = 8000) -> dict[str, list[str]]:
+    """{kernel name: [its Triton source, one per distinct generated body]} for ``names`` among
+    the kernels Inductor has loaded in this process: what a kernel named only by its number
+    (`triton_poi_fused_3`, no op names) computes. Each source cut at ``limit`` characters."""
+    from torch._inductor.codecache import PyCodeCache
+
+    wanted, found = set(names), {}
+    for module in list(PyCodeCache.modules) + list(PyCodeCache.modules_no_attr.values()):
+        for value in list(vars(module).values()):
+            meta = getattr(value, "inductor_meta", None)
+            name = meta.get("kernel_name") if isinstance(meta, dict) else None
+            src = getattr(getattr(value, "fn", None), "src", None)
+            if name in wanted and isinstance(src, str) and src[:limit] not in found.get(name, []):
+                found.setdefault(name, []).append(src[:limit])
+    return found
+
+
 def measure_peaks(device: str = "cuda") -> dict[str, float]:
     """The two ceilings on this GPU (device events, median of 20 after warm-up): HBM TB/s of a
     1-GiB device-to-device copy (bytes read + written) and TFLOP/s of an 8192^3 bf16 GEMM on
