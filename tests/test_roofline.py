@@ -105,3 +105,22 @@ def test_inductor_counts_the_bytes_of_a_generated_kernel(roofline):
     ours = [name for name in gb if name.startswith("triton_poi_fused_add_mul_relu")]
     assert ours, f"no generated kernel with a byte count among {sorted(gb)[:20]} (ambiguous: {ambiguous})"
     assert gb[ours[-1]] == pytest.approx(3 * n * 4 / 1e9)  # two fp32 inputs read, one output written
+
+
+def test_kernel_sources_come_from_the_loaded_modules_one_per_distinct_body(roofline, monkeypatch):
+    # Inductor's generated modules hold each kernel as an autotuner whose inductor_meta names it
+    # and whose fn.src is the Triton source; names repeat across graphs, bodies may differ
+    pytest.importorskip("torch")
+    import types
+
+    from torch._inductor.codecache import PyCodeCache
+
+    def kernel(name, src):
+        return types.SimpleNamespace(inductor_meta={"kernel_name": name}, fn=types.SimpleNamespace(src=src))
+
+    graph_a = types.SimpleNamespace(k3=kernel("triton_poi_fused_3", "def a(): pass"), k4=kernel("triton_poi_fused_4", "def b(): pass"), other=1)
+    graph_b = types.SimpleNamespace(k3=kernel("triton_poi_fused_3", "def c(): pass"), again=kernel("triton_poi_fused_3", "def a(): pass"))
+    monkeypatch.setattr(PyCodeCache, "modules", [graph_a, graph_b])
+    monkeypatch.setattr(PyCodeCache, "modules_no_attr", {})
+    found = roofline.inductor_kernel_sources(["triton_poi_fused_3", "triton_red_fused_9"], limit=5)
+    assert found == {"triton_poi_fused_3": ["def a", "def c"]}  # cut at the limit; the repeat of a kept once
