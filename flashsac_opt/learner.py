@@ -218,7 +218,7 @@ class FlashSACLearner:
             self.tau,
         ]
         for adam in (self.actor_adam, self.critic_adam, self.temperature_adam):
-            tensors += list(adam.tensors().values())
+            tensors += [*adam.tensors().values(), adam.coefficients]
         if self.reward_normalizer is not None:
             rn = self.reward_normalizer
             tensors += [rn.mean, rn.var, rn.count, rn.abs_max]
@@ -613,6 +613,8 @@ class FlashSACLearner:
             for adam, key in ((self.actor_adam, "actor"), (self.critic_adam, "critic"), (self.temperature_adam, "temperature")):
                 for name, tensor in adam.tensors().items():
                     tensor.copy_(state["optim"][key][name])
+            for step in (self.actor_step, self.critic_step, self.temperature_step):
+                step.refresh()  # the next step's Adam coefficients, from the loaded counters
             if self.reward_normalizer is not None and state.get("reward_normalizer") is not None:
                 self.reward_normalizer.load_state_tensors(state["reward_normalizer"])
             if "skipped_totals" in state:

@@ -21,6 +21,14 @@ class FlatAdam:
     like fused Adam's ``found_inf``); ``schedule_step`` counts attempts and drives the LR
     schedule, which UniLab advances on every update whether it was applied or not.
     Scalars are float64 device tensors so bias corrections match Python-float Adam.
+
+    ``coefficients`` holds the next step's two scalars (step size, sqrt of the second bias
+    correction), computed once after each step (``GatedStep.refresh``) and read by the
+    elementwise update. Computed inside it, Inductor inlined that float64 scalar math (the
+    LR's cosine, two powers, a square root) into the loop over every parameter: the critic's
+    Adam kernel took 51-85 us an update on an H200 where its bytes need ~15
+    (results/roofline/README.md). Derived from ``step``/``schedule_step``: not saved, refreshed
+    on load.
     """
 
     def __init__(self, numel: int, device: torch.device, betas=(0.9, 0.999), eps: float = 1e-8):
@@ -32,6 +40,7 @@ class FlatAdam:
         # float and silently drops in-place updates to it (seen with torch 2.13).
         self.step = torch.zeros(1, device=device, dtype=torch.float64)
         self.schedule_step = torch.zeros(1, device=device, dtype=torch.float64)
+        self.coefficients = torch.zeros(2, device=device)  # the next step's [step size, sqrt(bias correction 2)]
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
@@ -41,15 +50,18 @@ class FlatAdam:
             "schedule_step": self.schedule_step,
         }
 
-    def proposal(
-        self, param: torch.Tensor, grad: torch.Tensor, lr: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (new param, new exp_avg, new exp_avg_sq) for one Adam step; writes nothing."""
+    def next_coefficients(self, lr: torch.Tensor) -> torch.Tensor:
+        """[step size, sqrt(bias correction 2)] of the step after ``step`` applied ones, at ``lr``."""
         step = self.step + 1
-        exp_avg = torch.lerp(self.exp_avg, grad, 1 - self.beta1)
-        exp_avg_sq = torch.addcmul(self.exp_avg_sq * self.beta2, grad, grad, value=1 - self.beta2)
         step_size = (lr / (1 - self.beta1**step)).float()
         correction2_sqrt = torch.sqrt(1 - self.beta2**step).float()
+        return torch.cat([step_size, correction2_sqrt])
+
+    def proposal(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (new param, new exp_avg, new exp_avg_sq) for one Adam step; writes nothing."""
+        exp_avg = torch.lerp(self.exp_avg, grad, 1 - self.beta1)
+        exp_avg_sq = torch.addcmul(self.exp_avg_sq * self.beta2, grad, grad, value=1 - self.beta2)
+        step_size, correction2_sqrt = self.coefficients[0:1], self.coefficients[1:2]
         denom = exp_avg_sq.sqrt() / correction2_sqrt + self.eps
         return param - (step_size * exp_avg) / denom, exp_avg, exp_avg_sq
 
@@ -67,6 +79,13 @@ class GatedStep:
     ):
         self.param, self.bn_stats, self.adam = param, bn_stats, adam
         self.renormalize, self.lr_fn = renormalize, lr_fn
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Recompute the Adam coefficients of the next step from the step counters (after a
+        checkpoint load, which writes the counters)."""
+        self.adam.coefficients.copy_(self.adam.next_coefficients(self.lr_fn(self.adam.schedule_step)))
 
     @torch.no_grad()
     def __call__(
@@ -75,8 +94,7 @@ class GatedStep:
         """Apply one step if loss and gradient are finite; return the 0-dim ``ok`` flag (bool)."""
         ok = torch.isfinite(loss).all() & torch.isfinite(grad).all()
         adam = self.adam
-        lr = self.lr_fn(adam.schedule_step)
-        new_param, exp_avg, exp_avg_sq = adam.proposal(self.param, grad, lr)
+        new_param, exp_avg, exp_avg_sq = adam.proposal(self.param, grad)
         if self.renormalize is not None:
             new_param = self.renormalize(new_param)
         self.param.copy_(torch.where(ok, new_param, self.param))
@@ -84,6 +102,7 @@ class GatedStep:
         adam.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, adam.exp_avg_sq))
         adam.step.add_(ok.to(adam.step.dtype))
         adam.schedule_step.add_(1)
+        self.refresh()
         if new_stats is not None and self.bn_stats is not None:
             self.bn_stats.copy_(torch.where(ok, new_stats, self.bn_stats))
         return ok

@@ -128,6 +128,49 @@ def test_inductor_compile_matches_eager_cpu():
         assert rel(getattr(compiled, name).params, getattr(eager, name).params) < 1e-5, name
 
 
+def loop_body(code: str, start: int) -> str:
+    """The brace-delimited body of the C++ loop whose header ends before ``start``."""
+    begin = code.index("{", start)
+    depth = 0
+    for i in range(begin, len(code)):
+        depth += {"{": 1, "}": -1}.get(code[i], 0)
+        if depth == 0:
+            return code[begin : i + 1]
+    raise ValueError("unbalanced braces")
+
+
+def test_the_compiled_adam_step_computes_its_scalars_once_not_per_parameter():
+    """Inductor inlined the LR's cosine and the bias corrections' float64 powers into the loop
+    over every parameter (the critic's Adam kernel 51-85 us an update on an H200 where its bytes
+    need ~15: results/roofline/README.md). The step reads them from FlatAdam.coefficients,
+    computed once after the previous step: the loop over the parameters has no cos and no pow."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from flashsac_opt.objectives import CosineSchedule
+    from flashsac_opt.optim import FlatAdam, GatedStep
+
+    n = 4096
+    adam = FlatAdam(n, torch.device("cpu"))
+    step = GatedStep(torch.randn(n), None, adam, None, CosineSchedule(1e-4, 3e-4, 1e-5, 10, 100).on_device)
+    eager = GatedStep(step.param.clone(), None, FlatAdam(n, torch.device("cpu")), None, step.lr_fn)
+    torch._dynamo.reset()
+    grads = [torch.randn(n) for _ in range(3)]
+    compiled = torch.compile(step.__call__, fullgraph=True, backend="inductor")
+    _, codes = run_and_get_code(compiled, grads[0], torch.tensor(1.0))
+    code = "\n".join(codes)
+    loops = [loop_body(code, m.end()) for m in re.finditer(rf"for\(int64_t x0=[^;]*; x0<static_cast<int64_t>\({n}L\)", code)]
+    assert loops and not any(re.search(r"cos|pow", body) for body in loops)  # no scalar math per parameter
+    assert re.search(r"std::cos", code)  # it is computed: once, outside those loops
+    for g in grads[1:]:
+        compiled(g, torch.tensor(1.0))
+    for g in grads:
+        eager(g, torch.tensor(1.0))
+    torch.testing.assert_close(step.param, eager.param)  # and the steps still agree with eager's
+    assert float(adam.step) == float(adam.schedule_step) == 3.0
+
+
 def _compiled_actor_step_profile(freeze_critic: bool) -> tuple[int, int]:
     """GEMM FLOPs and GEMM count of one compiled actor loss forward+backward (profiler, CPU).
 
