@@ -26,10 +26,12 @@ A child that fails or is stopped leaves one warning; the parent then compiles by
 not wait at all, its iterations run uncompiled (in graph mode captured as they are) until the
 child is done, and then it compiles from the child's caches (seconds) and goes on compiled
 (``Engine.defer_compile``), with UniLab's one compile worker: every kernel is in the caches
-(the adapter's ``_compile_workers``). On the H200, U64 G1 training, one call
-(results/startup/background_vs_plain_2026-12-01/): first update 64.2 s from launch on a cold
-cache (21.0 s of it a harness artifact: UniLab rebuilding its extension), 39.3 s warm, 96.5 s
-with compile ahead off, stock UniLab eager 36.4 s. ``1``/``wait``: the first update waits for the child
+(the adapter's ``_compile_workers``), in the runner's wait for its collector when the child is
+done by then (patches/0004). With this configuration's compile-cache file already there, no
+child at all (``WarmCache``): this process compiles from it in that wait. On the H200, U64 G1
+training, one call (results/startup/idle_compile_2026-12-01/): first update 38.4 s from launch
+on a cold cache, 43.2 s warm (a child then), 101.9 s with compile ahead off, stock UniLab eager
+43.5 s. ``1``/``wait``: the first update waits for the child
 (in an earlier U64 run UniLab left only 6-29 s to overlap). ``0``/``off``: the start-up compile
 runs in ``prepare_for_collection`` on every CPU (``parallel_compile``). The child copies the
 parent's matmul settings one by one (MATMUL_SETTINGS): ``torch.set_float32_matmul_precision``
@@ -54,7 +56,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -214,6 +216,30 @@ def apply_matmul_settings(settings: Mapping[str, Any]) -> None:
             setattr(backend, name, value)
 
 
+class WarmCache:
+    """What stands in for the child when this configuration's compile-cache file is there and
+    loaded (``Engine.open_compile_cache``): every graph and kernel is in torch's caches, so a
+    child would only repeat, beside the collector, a compile from them that this process does
+    anyway. The compile happens in this process while UniLab's runner waits for its collector
+    to start (the adapter's ``use_startup_idle_time``), else at the first update. Done from the
+    start; the CompileAhead interface."""
+
+    in_this_process = True  # the adapter compiles in the runner's wait, not at prepare_for_collection
+    running = False
+    done = True
+
+    def __init__(self, file: str):
+        self.report: dict[str, Any] = {"seconds": 0.0, "compile_cache_file": file, "child": False}
+        self.waited_s: float | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited_s = 0.0
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
 class CompileAhead:
     """One child process compiling ``cfg`` for ``dims`` on ``device`` (see the module doc)."""
 
@@ -242,12 +268,22 @@ class CompileAhead:
         self.waited_s: float | None = None
         atexit.register(self.stop)
 
+    in_this_process = False
+
     @classmethod
-    def start_if_useful(cls, cfg: Any, dims: Mapping[str, int], device: torch.device, *, compiled: bool) -> "CompileAhead | None":
+    def start_if_useful(
+        cls, cfg: Any, dims: Mapping[str, int], device: torch.device, *, compiled: bool, warm_cache: "Callable[[], str | None] | None" = None
+    ) -> "CompileAhead | WarmCache | None":
         """A child for a compiled learner on CUDA when turned on; None otherwise (eager has
-        nothing to compile, and on CPU the compile would take the cores the collector needs)."""
+        nothing to compile, and on CPU the compile would take the cores the collector needs).
+        In the background mode, ``warm_cache`` (the loaded compile-cache file, or None) is asked
+        first: with one, no child (``WarmCache``)."""
         if not compiled or torch.device(device).type != "cuda" or not torch.cuda.is_available() or not enabled():
             return None
+        if mode() == "background" and warm_cache is not None:
+            file = warm_cache()
+            if file is not None:
+                return WarmCache(file)
         return cls(cfg, dims, device)
 
     @property

@@ -215,6 +215,17 @@ class Engine:
         self.compile_cache_loaded = compile_cache.load(path)
         self._save_cache_after_iteration = not self.compile_cache_loaded
 
+    def open_compile_cache(self, rows: int, schedule: Schedule | None = None) -> str | None:
+        """Load the compile-cache file now rather than at the first compile: the configured
+        one, or (``auto``) the keyed one for ``rows`` per update and ``schedule`` when it exists.
+        Returns the file when it loaded (a corrupt one warns once and is rewritten after the
+        first compile, as ever); None otherwise."""
+        if self.compile_cache_file is None and self._cache_option == compile_cache.AUTO:
+            file = compile_cache.default_file(self.compile_cache_key(rows, schedule))
+            if file.is_file():
+                self._open_compile_cache(str(file))
+        return self.compile_cache_file if self.compile_cache_loaded else None
+
     def compile_cache_key(self, rows: int, schedule: Schedule | None = None) -> str:
         """The default cache file's key for a first batch of ``rows`` per update."""
         return compile_cache.cache_key(

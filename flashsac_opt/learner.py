@@ -224,6 +224,11 @@ class FlashSACLearner:
             tensors += [rn.mean, rn.var, rn.count, rn.abs_max]
         return tensors
 
+    def load_compile_cache(self) -> str | None:
+        """Load this configuration's compile-cache file now (the schedule and rows of the
+        config); the file when it loaded, else None. The compile-ahead decision asks this."""
+        return self.engine.open_compile_cache(self.cfg.batch_size, self._schedule(None, None))
+
     @property
     def fused_update(self) -> bool | None:
         """Whether each network update is one compiled function (None until the first batch)."""

@@ -136,6 +136,8 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     from flashsac_opt.unilab import adapter
 
     class Gate:  # a compile-ahead child whose end the test decides
+        in_this_process = False
+
         def __init__(self):
             self.running, self.report, self.waited_s = True, {"seconds": 1.5, "rows": 64}, None
 
@@ -151,7 +153,7 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
             return not self.running
 
     gate = Gate()
-    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: gate))
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: gate))
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
     events = tmp_path / "startup_events.jsonl"
     monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
@@ -207,7 +209,7 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
     from flashsac_opt.unilab import adapter
 
     class Gate:
-        running, report, waited_s = True, {"seconds": 2.5, "rows": 64}, None
+        running, report, waited_s, in_this_process = True, {"seconds": 2.5, "rows": 64}, None, False
 
         def wait(self, timeout=None):
             self.running, self.waited_s = False, 0.0
@@ -218,7 +220,7 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
             return not self.running
 
     gate = Gate()
-    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: gate))
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: gate))
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
     events = tmp_path / "startup_events.jsonl"
     monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
@@ -254,6 +256,40 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
     assert wait_end["polls"] == 3 and wait_end["time"] >= logged_compile_end(events)  # the last poll came after the compile
 
 
+def test_with_a_loaded_cache_file_no_child_starts_and_the_compile_waits_for_the_runners_wait(require_unilab, monkeypatch, tmp_path, capsys):
+    # compile_ahead.WarmCache: done from the start, yet prepare_for_collection does not compile
+    # (the collector would wait for it); the runner's first wait for its collector does
+    from test_unilab_integration import _unilab_kwargs
+
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab import adapter
+
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful",
+                        staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: compile_ahead.WarmCache("/c/key.bin")))
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
+    events = tmp_path / "startup_events.jsonl"
+    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
+    torch._dynamo.reset()
+    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
+                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
+    batch = synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0))
+
+    class Context:
+        target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
+        replay_batch = batch
+
+    learner.prepare_for_collection(Context())
+    engine = learner.learner.engine
+    assert engine.compile_deferred and engine.compiled_names() == []  # the collector starts first
+    learner.use_startup_idle_time()
+    assert not engine.compile_deferred and engine.compiled_names() == ["critic_step", "actor_step"]
+    assert "compile cache /c/key.bin loaded, no compile-ahead child; the training compiles from its caches before its first update" in capsys.readouterr().out
+    logged = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "collector_start_wait",
+                                            "compile_ahead_done", "startup_idle_compile_start", "startup_idle_compile_end"]
+    assert logged[3]["child"] is False and logged[3]["ok"]
+
+
 def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):
     from test_unilab_integration import _unilab_kwargs
 
@@ -262,7 +298,7 @@ def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the
 
     started = []
 
-    def start_on_cpu(cfg, dims, device, *, compiled):  # start_if_useful skips CPU; this test wants the child
+    def start_on_cpu(cfg, dims, device, *, compiled, warm_cache=None):  # start_if_useful skips CPU; this test wants the child
         started.append(CompileAhead(cfg, dims, device))
         return started[-1]
 
@@ -301,7 +337,7 @@ def test_prepare_for_collection_compiles_at_once_when_the_child_is_done_but_stil
     from flashsac_opt.unilab import adapter
 
     class TearingDown:  # alive, report written: done
-        running, done, report, waited_s = True, True, {"seconds": 8.7}, None
+        running, done, report, waited_s, in_this_process = True, True, {"seconds": 8.7}, None, False
 
         def wait(self, timeout=None):
             self.running, self.waited_s = False, 0.0
@@ -311,7 +347,7 @@ def test_prepare_for_collection_compiles_at_once_when_the_child_is_done_but_stil
             self.running = False
 
     child = TearingDown()
-    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled: child))
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: child))
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
     events = tmp_path / "startup_events.jsonl"
     monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))

@@ -127,6 +127,43 @@ def test_a_corrupt_keyed_file_warns_once_training_continues_and_it_is_rewritten(
     assert not list(path.parent.glob("*.tmp"))
 
 
+def test_the_keyed_file_loads_at_construction_when_asked_and_only_a_loaded_one_counts(cache_dir, monkeypatch):
+    # the compile-ahead decision asks this: with a loaded file a training needs no child
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: object() if data == b"artifacts" else None)
+    absent = make(compile_cache_file="auto")
+    assert absent.load_compile_cache() is None and absent.engine.compile_cache_file is None  # resolved later, as before
+    path = compile_cache.default_file(key(absent))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"artifacts")
+    warm = make(compile_cache_file="auto")
+    assert warm.load_compile_cache() == str(path) and warm.compile_cache_loaded
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    warm.update(batch(warm))  # the first compile keeps the file it found (no second load, no rewrite)
+    assert warm.engine.compile_cache_file == str(path) and torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+    path.write_bytes(b"rejected")
+    with pytest.warns(UserWarning, match="could not be loaded"):
+        assert make(compile_cache_file="auto").load_compile_cache() is None
+    assert make(compile_cache_file=None).load_compile_cache() is None  # off: no file at all
+
+
+def test_a_loaded_cache_file_replaces_the_compile_ahead_child(monkeypatch):
+    from flashsac_opt import compile_ahead
+
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the decision only: nothing runs on a GPU
+    monkeypatch.setattr(compile_ahead.CompileAhead, "__init__", lambda self, cfg, dims, device: started.append(cfg))
+    cfg, cuda = FlashSACConfig(**TINY), torch.device("cuda")
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
+    warm = compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, cuda, compiled=True, warm_cache=lambda: "/c/key.bin")
+    assert isinstance(warm, compile_ahead.WarmCache) and warm.done and warm.in_this_process and not started
+    assert warm.wait() and warm.report == {"seconds": 0.0, "compile_cache_file": "/c/key.bin", "child": False}
+    cold = compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, cuda, compiled=True, warm_cache=lambda: None)
+    assert type(cold) is compile_ahead.CompileAhead and not cold.in_this_process and started == [cfg]
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "wait")  # the first update waits for a child: as before
+    assert type(compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, cuda, compiled=True, warm_cache=lambda: "/c/key.bin")) is compile_ahead.CompileAhead
+    assert compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, torch.device("cpu"), compiled=True, warm_cache=lambda: "x") is None
+
+
 PRECOMPILE = ["+algo.algo_params.learner_mode=compile", "+algo.algo_params.compile_backend=aot_eager",
               "algo.batch_size=8", "algo.updates_per_step=1", "algo.actor_hidden_dim=8", "algo.critic_hidden_dim=8",
               "algo.num_atoms=5", "algo.algo_params.actor_num_blocks=1", "algo.algo_params.critic_num_blocks=1",

@@ -140,9 +140,11 @@ class UniLabFlashSACLearner:
         # A compiled learner on CUDA compiles in a child process from here on, while UniLab starts
         # the collector and collects learning_starts (compile_ahead.py; FLASHSAC_OPT_COMPILE_AHEAD:
         # background by default, wait, or off).
+        # With this configuration's compile-cache file there (warm), no child: this process
+        # compiles from it while the runner waits for its collector (compile_ahead.WarmCache).
         self._compile_ahead = CompileAhead.start_if_useful(
             self.cfg, {"obs_dim": obs_dim, "critic_obs_dim": critic_obs_dim, "action_dim": action_dim},
-            self.learner.device, compiled=self.learner.engine.compiled,
+            self.learner.device, compiled=self.learner.engine.compiled, warm_cache=self.learner.load_compile_cache,
         )
         # =background: no update waits for the child; until it is done they run uncompiled (the
         # engine's compile_deferred says so from here on)
@@ -241,7 +243,7 @@ class UniLabFlashSACLearner:
         compiled = ahead.wait()
         self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s}
         startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s,
-                      child_s=(ahead.report or {}).get("seconds"), background=background)
+                      child_s=(ahead.report or {}).get("seconds"), background=background, child=not ahead.in_this_process)
         if background:
             self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
             if compiled:
@@ -251,7 +253,9 @@ class UniLabFlashSACLearner:
                     what = f"the training ran {self.learner.iterations} iterations uncompiled and compiles from its caches now"
                 else:
                     what = "the first update compiles from its caches"
-                print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; {what}", flush=True)
+                found = (f"compile cache {ahead.report['compile_cache_file']} loaded, no compile-ahead child"
+                         if ahead.in_this_process else f"compile-ahead child done in {ahead.report['seconds']:.1f} s")
+                print(f"flashsac_opt: {found}; {what}", flush=True)
             return True
         if compiled:
             print(f"flashsac_opt: compile-ahead child done in {ahead.report['seconds']:.1f} s; the first update "
@@ -311,13 +315,16 @@ class UniLabFlashSACLearner:
         compile from the caches it filled happens once it is done, while the runner waits for its
         collector to start (``use_startup_idle_time``) or else at the first update that finds it
         done (in the background mode the updates before run uncompiled). A child already done
-        (its report written, only its teardown left) is not waited out: the compile happens here."""
+        (its report written, only its teardown left) is not waited out: the compile happens here.
+        With a warm compile-cache file there is no child (``WarmCache``): that compile waits for
+        the runner's wait too, so the collector starts first."""
         notice = mps_notice(self.device.type, self._gradient_sync is not None, dict(os.environ))
         if notice:  # the runner calls this once, after its data-parallel set-up
             print(notice, flush=True)
         if not self.learner.engine.compiled:
             return
-        if self._compile_ahead is not None and not self._compile_ahead.done:
+        ahead = self._compile_ahead
+        if ahead is not None and (not ahead.done or ahead.in_this_process):
             self._set_schedule(warmup_context.target_frequency, warmup_context.policy_before_critic)
             self._collection_warmup = warmup_context
             startup_event("prepare_for_collection_deferred")
