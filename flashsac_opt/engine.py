@@ -226,6 +226,12 @@ class Engine:
                 self._open_compile_cache(str(file))
         return self.compile_cache_file if self.compile_cache_loaded else None
 
+    def forget_compile_cache(self) -> None:
+        """Undo ``open_compile_cache`` (``auto`` only): the first compile resolves the keyed file
+        again, under the key it then has (data parallel changes it)."""
+        if self._cache_option == compile_cache.AUTO:
+            self.compile_cache_file, self.compile_cache_loaded, self._save_cache_after_iteration = None, False, False
+
     def compile_cache_key(self, rows: int, schedule: Schedule | None = None) -> str:
         """The default cache file's key for a first batch of ``rows`` per update."""
         return compile_cache.cache_key(

@@ -144,6 +144,11 @@ def test_the_keyed_file_loads_at_construction_when_asked_and_only_a_loaded_one_c
     with pytest.warns(UserWarning, match="could not be loaded"):
         assert make(compile_cache_file="auto").load_compile_cache() is None
     assert make(compile_cache_file=None).load_compile_cache() is None  # off: no file at all
+    path.write_bytes(b"artifacts")
+    ranked = make(compile_cache_file="auto")
+    assert ranked.load_compile_cache() == str(path)
+    ranked.engine.forget_compile_cache()  # a data-parallel run keys its own file at its first compile
+    assert ranked.engine.compile_cache_file is None and not ranked.compile_cache_loaded
 
 
 def test_a_loaded_cache_file_replaces_the_compile_ahead_child(monkeypatch):

@@ -400,6 +400,8 @@ class UniLabFlashSACLearner:
         # that object's bound allreduce_gradients): flashsac_opt's averager sends the gradient so too
         self._gradient_wire_dtype = str(getattr(getattr(sync, "__self__", None), "gradient_wire_dtype", "float32"))
         if self._compile_ahead is not None:  # it compiles the single-process update form: of no use here
+            if self._compile_ahead.in_this_process:  # so is the file loaded for it: the first compile keys its own
+                self.learner.engine.forget_compile_cache()
             self._compile_ahead.stop()
             self._compile_ahead = None
             self.learner.engine.compile_now()  # a deferred compile has nothing to wait for now: as usual
