@@ -25,10 +25,9 @@ class FlatAdam:
     ``coefficients`` holds the next step's two scalars (step size, sqrt of the second bias
     correction), computed once after each step (``GatedStep.refresh``) and read by the
     elementwise update. Computed inside it, Inductor inlined that float64 scalar math (the
-    LR's cosine, two powers, a square root) into the loop over every parameter: the critic's
-    Adam kernel took 51-85 us an update on an H200 where its bytes need ~15
-    (results/roofline/README.md). Derived from ``step``/``schedule_step``: not saved, refreshed
-    on load.
+    LR's cosine, two powers, a square root) into the loop over every parameter: the slowest
+    kernel of the learner at W1 and W3 on an H200 (results/roofline/README.md). Derived from
+    ``step``/``schedule_step``: not saved, refreshed on load.
     """
 
     def __init__(self, numel: int, device: torch.device, betas=(0.9, 0.999), eps: float = 1e-8):
