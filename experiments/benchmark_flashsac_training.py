@@ -247,6 +247,8 @@ DETAIL_TAGS = {
     "replay_batch_wait_ms": "Perf/learner_replay_batch_wait_ms",
     "replay_sample_ms": "Perf/learner_replay_sample_ms",
     "inference_forward_ms": "Perf/learner_inference_forward_ms",
+    "inference_h2d_ms": "Perf/learner_inference_h2d_ms",  # the inference's other two parts: observations in,
+    "inference_d2h_ms": "Perf/learner_inference_d2h_ms",  # actions out (this one waits for the forward)
     # the collector's side: waiting for the learner's actions, and its whole environment step
     "collector_action_wait_ms": "Perf/collector_learner_action_wait_ms",
     "collector_env_step_ms": "Perf/collector_env_step_ms",

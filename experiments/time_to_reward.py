@@ -45,7 +45,7 @@ SPLIT_KEYS = ("inference_ms", "inference_forward_ms", "collector_update_state_ms
 # the learner's other phases and the collector's side, recorded since 2026-12-01 (session 14):
 # in split_ms only where a run has them
 SPLIT_KEYS_IF_LOGGED = ("collector_wait_ms", "collector_release_ms", "replay_batch_wait_ms", "replay_sample_ms",
-                        "collector_action_wait_ms", "collector_env_step_ms")
+                        "inference_h2d_ms", "inference_d2h_ms", "collector_action_wait_ms", "collector_env_step_ms")
 GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n", "carrier", "gpu_sharing")
 
 # Replay (replay_buffer_n, learning_starts): FlashSAC's defaults (UniLab's conf/flashsac/config.yaml)

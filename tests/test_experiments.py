@@ -133,7 +133,8 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
         assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
     assert "inference_ms" in report["rows"][-1]  # per row too
     # the learner's other phases and the collector's step: the iteration's gap, read whole
-    for key in ("collector_wait_ms", "collector_release_ms", "replay_sample_ms", "collector_action_wait_ms", "collector_env_step_ms"):
+    for key in ("collector_wait_ms", "collector_release_ms", "replay_sample_ms", "inference_h2d_ms", "inference_d2h_ms",
+                "collector_action_wait_ms", "collector_env_step_ms"):
         assert report[key] is not None and report[key]["median"] >= 0 and key in report["rows"][-1], key
     assert report["training_config"]["critic_updates_per_iteration"] == 2
     assert report["training_config"]["actor_updates_per_iteration"] == 1
