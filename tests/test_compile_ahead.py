@@ -288,6 +288,10 @@ def test_with_a_loaded_cache_file_no_child_starts_and_the_compile_waits_for_the_
     assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "collector_start_wait",
                                             "compile_ahead_done", "startup_idle_compile_start", "startup_idle_compile_end"]
     assert logged[3]["child"] is False and logged[3]["ok"]
+    # the decision's load is timed for the timeline (it runs before the collector starts)
+    assert learner._load_compile_cache() is None  # no file was loaded (aot_eager leaves none)
+    checked = json.loads(events.read_text().splitlines()[-1])
+    assert checked["event"] == "compile_cache_checked" and checked["loaded"] is False and checked["seconds"] >= 0
 
 
 def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the_first_update(require_unilab, monkeypatch, tmp_path):

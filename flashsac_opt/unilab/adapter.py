@@ -144,7 +144,7 @@ class UniLabFlashSACLearner:
         # compiles from it while the runner waits for its collector (compile_ahead.WarmCache).
         self._compile_ahead = CompileAhead.start_if_useful(
             self.cfg, {"obs_dim": obs_dim, "critic_obs_dim": critic_obs_dim, "action_dim": action_dim},
-            self.learner.device, compiled=self.learner.engine.compiled, warm_cache=self.learner.load_compile_cache,
+            self.learner.device, compiled=self.learner.engine.compiled, warm_cache=self._load_compile_cache,
         )
         # =background: no update waits for the child; until it is done they run uncompiled (the
         # engine's compile_deferred says so from here on)
@@ -165,6 +165,14 @@ class UniLabFlashSACLearner:
         self._first_update_seen = False
         self._idle_polls, self._last_idle_poll = 0, 0.0  # use_startup_idle_time's calls: the start-up timeline
         startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=learner_mode)
+
+    def _load_compile_cache(self) -> str | None:
+        """The learner's compile-cache file, loaded now (the compile-ahead decision); how long
+        the load took goes into the start-up timeline: it delays the collector's start."""
+        start = time.perf_counter()
+        file = self.learner.load_compile_cache()
+        startup_event("compile_cache_checked", loaded=file is not None, seconds=round(time.perf_counter() - start, 3))
+        return file
 
     @contextlib.contextmanager
     def _first_update(self):
