@@ -272,7 +272,7 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     counted = inductor_config.benchmark_kernel  # --kernel-bytes: each generated kernel carries its bytes
     gb_by_name, ambiguous = inductor_kernel_gb() if counted else (None, [])
     bytes_fields = {"kernel_bytes_ambiguous": [n for n in ambiguous if n in by_name]} if counted else {}
-    if counted:  # the ten slowest Triton kernels' sources: what the ones named by number compute
+    if counted:  # the sources of the Triton kernels among the ten slowest: what the ones named by number compute
         bytes_fields["top_kernel_sources"] = inductor_kernel_sources([n for n, _ in top[:10] if n.startswith("triton_")])
     return {
         "kernels_per_iteration": kernels / iterations,
