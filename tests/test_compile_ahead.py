@@ -132,7 +132,6 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
 
     from test_unilab_integration import _unilab_kwargs
 
-    from flashsac_opt.testing.oracle import synthetic_batch
     from flashsac_opt.unilab import adapter
 
     class Gate:  # a compile-ahead child whose end the test decides
@@ -153,19 +152,7 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
             return not self.running
 
     gate = Gate()
-    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: gate))
-    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
-    events = tmp_path / "startup_events.jsonl"
-    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
-    torch._dynamo.reset()
-    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
-                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
-
-    class Context:
-        target_frequency, policy_before_critic = 1, False
-
-    learner.prepare_for_collection(Context())  # collection starts; nothing compiles
-    batch = synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0))
+    learner, batch, events = deferred_adapter(monkeypatch, tmp_path, gate)  # collection starts; nothing compiles
     step = dict(updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
     graphs = counters["stats"].get("unique_graphs", 0)
     for _ in range(2):  # the child still compiles: no update waits, none is compiled
@@ -186,6 +173,7 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert "the training ran 2 iterations uncompiled and compiles from its caches now" in capsys.readouterr().out
     # a data-parallel run stops the child (it compiles the single-process form): nothing is left deferred
     gate = Gate()
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: gate))
     ranked = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
     assert ranked.learner.engine.compile_deferred
@@ -193,34 +181,16 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert not gate.running and not ranked.learner.engine.compile_deferred
 
 
-def logged_compile_end(events: Path) -> float:
-    return next(e["time"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "startup_idle_compile_end")
-
-
-def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collector(require_unilab, monkeypatch, tmp_path, capsys):
-    # patches/0004: UniLab's runner calls use_startup_idle_time while its collector starts; once
-    # the child is done the compile and its warm-up happen there, state untouched, and the first
-    # update compiles nothing
-    from torch._dynamo.utils import counters
-
+def deferred_adapter(monkeypatch, tmp_path, ahead):
+    """UniLab's adapter (compile mode, aot_eager, CPU) whose compile ahead is ``ahead``, in the
+    background mode, its start-up events in tmp_path, after prepare_for_collection on a context
+    with a ready batch: (learner, that batch, the events file)."""
     from test_unilab_integration import _unilab_kwargs
 
     from flashsac_opt.testing.oracle import synthetic_batch
     from flashsac_opt.unilab import adapter
 
-    class Gate:
-        running, report, waited_s, in_this_process = True, {"seconds": 2.5, "rows": 64}, None, False
-
-        def wait(self, timeout=None):
-            self.running, self.waited_s = False, 0.0
-            return True
-
-        @property
-        def done(self):
-            return not self.running
-
-    gate = Gate()
-    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: gate))
+    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful", staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: ahead))
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
     events = tmp_path / "startup_events.jsonl"
     monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
@@ -234,6 +204,32 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
         replay_batch = batch
 
     learner.prepare_for_collection(Context())
+    return learner, batch, events
+
+
+def logged_compile_end(events: Path) -> float:
+    return next(e["time"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "startup_idle_compile_end")
+
+
+def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collector(require_unilab, monkeypatch, tmp_path, capsys):
+    # patches/0004: UniLab's runner calls use_startup_idle_time while its collector starts; once
+    # the child is done the compile and its warm-up happen there, state untouched, and the first
+    # update compiles nothing
+    from torch._dynamo.utils import counters
+
+    class Gate:
+        running, report, waited_s, in_this_process = True, {"seconds": 2.5, "rows": 64}, None, False
+
+        def wait(self, timeout=None):
+            self.running, self.waited_s = False, 0.0
+            return True
+
+        @property
+        def done(self):
+            return not self.running
+
+    gate = Gate()
+    learner, batch, events = deferred_adapter(monkeypatch, tmp_path, gate)
     engine = learner.learner.engine
     learner.use_startup_idle_time()  # the child still compiles: nothing
     assert engine.compile_deferred and engine.compiled_names() == []
@@ -259,26 +255,7 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
 def test_with_a_loaded_cache_file_no_child_starts_and_the_compile_waits_for_the_runners_wait(require_unilab, monkeypatch, tmp_path, capsys):
     # compile_ahead.WarmCache: done from the start, yet prepare_for_collection does not compile
     # (the collector would wait for it); the runner's first wait for its collector does
-    from test_unilab_integration import _unilab_kwargs
-
-    from flashsac_opt.testing.oracle import synthetic_batch
-    from flashsac_opt.unilab import adapter
-
-    monkeypatch.setattr(adapter.CompileAhead, "start_if_useful",
-                        staticmethod(lambda cfg, dims, device, *, compiled, warm_cache=None: compile_ahead.WarmCache("/c/key.bin")))
-    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
-    events = tmp_path / "startup_events.jsonl"
-    monkeypatch.setenv(adapter.STARTUP_EVENTS_ENV, str(events))
-    torch._dynamo.reset()
-    learner = adapter.build_unilab_learner(device="cpu", learner_mode="compile", compile_backend="aot_eager",
-                                           **_unilab_kwargs(actor_hidden_dim=16, critic_hidden_dim=16, batch_size=32, updates_per_step=2))
-    batch = synthetic_batch(64, 98, 101, 29, torch.Generator().manual_seed(0))
-
-    class Context:
-        target_frequency, policy_before_critic, updates_per_step, policy_frequency = 1, False, 2, 2
-        replay_batch = batch
-
-    learner.prepare_for_collection(Context())
+    learner, _, events = deferred_adapter(monkeypatch, tmp_path, compile_ahead.WarmCache("/c/key.bin"))
     engine = learner.learner.engine
     assert engine.compile_deferred and engine.compiled_names() == []  # the collector starts first
     learner.use_startup_idle_time()
