@@ -544,7 +544,7 @@ def test_startup_summary_reads_first_update_and_the_compile_ahead_line(tmp_path)
                            "--run", f"warm={tmp_path / 'warm.json'}", "--output", str(out)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["runs"]["warm"]["phases_s"] == {
-        "UniLab start to the learner": 15.0, "learner to start-up compile": 1.0, "collector starting, learner waiting for the child": 10.0,
+        "UniLab start to the learner": 15.0, "learner to start-up compile": 1.0, "collector starting, before the compile from the caches": 10.0,
         "compile from the caches while the collector starts": 6.5, "collector start, learning_starts": 1.5,
         "first update (compile-ahead wait, compile)": 0.1}
 

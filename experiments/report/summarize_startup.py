@@ -41,7 +41,7 @@ PHASES = (
     ("start-up compile and capture", "prepare_for_collection_start_s", "prepare_for_collection_end_s"),
     # compile ahead, warm: the child is done (or, with the cache file found, none runs) while
     # the collector still starts; this process compiles in that wait (patches/0004)
-    ("collector starting, learner waiting for the child", "prepare_for_collection_deferred_s", "startup_idle_compile_start_s"),
+    ("collector starting, before the compile from the caches", "prepare_for_collection_deferred_s", "startup_idle_compile_start_s"),
     ("compile from the caches while the collector starts", "startup_idle_compile_start_s", "startup_idle_compile_end_s"),
     ("collector start, learning_starts", ("startup_idle_compile_end_s", "prepare_for_collection_end_s", "prepare_for_collection_deferred_s"),
      "first_update_start_s"),
