@@ -363,6 +363,7 @@ def test_prepare_baseline_extracts_a_tree_that_imports(tmp_path):
     dest = driver.prepare_baseline(matrix, commit, tmp_path / "baseline")
     assert (dest / "BASELINE_COMMIT").read_text().startswith("7ed485a")
     assert (dest / "experiments" / "benchmark_learner.py").is_file() and (dest / "experiments" / "common.py").is_file()
+    assert not (dest / "experiments" / "bench").exists()  # a path the commit lacks is skipped, not an error
     assert not [p for p in dest.rglob("*") if p.is_symlink()]
     done = subprocess.run([sys.executable, "-c", "import flashsac_opt.learner, flashsac_opt.replay; print(flashsac_opt.__file__)"],
                           cwd=dest, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(dest)})

@@ -219,13 +219,16 @@ def exclude_from_git() -> None:
 
 
 def prepare_baseline(matrix: Matrix, commit: str, dest: Path = BASELINE) -> Path:
-    """Extract the baseline's paths at ``commit`` into dest (emptied first) with `git archive`."""
+    """Extract the baseline's paths that ``commit`` has into dest (emptied first) with `git archive`."""
     full = subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout.strip()
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", "--format=tar", full, *matrix.baseline["paths"]], cwd=REPO, check=True,
+    # the paths that commit has (the benchmark moved to experiments/bench/ in between)
+    paths = [p for p in matrix.baseline["paths"]
+             if subprocess.run(["git", "cat-file", "-e", f"{full}:{p}"], cwd=REPO, capture_output=True).returncode == 0]
+    archive = subprocess.run(["git", "archive", "--format=tar", full, *paths], cwd=REPO, check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     # links that lead out of the tree or nowhere (the package's link to patches/) stay behind
