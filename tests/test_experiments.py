@@ -41,6 +41,18 @@ def test_benchmark_rejects_bad_options_and_needs_cuda():
         assert "Traceback" not in no_gpu.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the command line through the benchmark's no-CUDA refusal")
+def test_benchmark_prewarm_runs_one_process_per_cell_with_the_options_passed_on():
+    """--prewarm compiles each cell in a process of its own: the command it builds must parse
+    (an unknown option would fail as 'unrecognized arguments', before the CUDA check), keep the
+    cells in order and keep why a process failed."""
+    prewarm = load("bench/benchmark_learner.py").prewarm
+    rows = prewarm(["W1", "W3"], ["ours_graph", "unilab_graph"], 2, ["--inductor-option=combo_kernels=false", "--kernel-bytes"])
+    assert [(r["workload"], r["variant"]) for r in rows] == [("W1", "ours_graph"), ("W1", "unilab_graph"), ("W3", "ours_graph"), ("W3", "unilab_graph")]
+    for row in rows:
+        assert row["rc"] == 2 and "needs a CUDA device" in row["error"] and "cold_start_s" not in row, row
+
+
 def test_benchmark_plot_only_redraws_a_committed_result(tmp_path):
     source = REPO / "results" / "learner_benchmark" / "benchmark_learner_side_by_side_W1.json"
     out = tmp_path / "chart.png"
