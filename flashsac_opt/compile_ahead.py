@@ -29,9 +29,10 @@ child is done, and then it compiles from the child's caches (seconds) and goes o
 (the adapter's ``_compile_workers``), in the runner's wait for its collector when the child is
 done by then (patches/0004). With this configuration's compile-cache file already there, no
 child at all (``WarmCache``): this process compiles from it in that wait. On the H200, U64 G1
-training, one call (results/startup/idle_compile_2026-12-01/): first update 38.4 s from launch
-on a cold cache, 43.2 s warm (a child then), 101.9 s with compile ahead off, stock UniLab eager
-43.5 s. ``1``/``wait``: the first update waits for the child
+training, one call (results/startup/warm_cache_file_2026-12-01/): first update 41.75 s from
+launch on a cold cache, 42.86 s warm (no child; the first update compiled nothing), stock UniLab
+eager 42.13 s; compile ahead off 101.9 s (results/startup/idle_compile_2026-12-01/).
+``1``/``wait``: the first update waits for the child
 (in an earlier U64 run UniLab left only 6-29 s to overlap). ``0``/``off``: the start-up compile
 runs in ``prepare_for_collection`` on every CPU (``parallel_compile``). The child copies the
 parent's matmul settings one by one (MATMUL_SETTINGS): ``torch.set_float32_matmul_precision``
