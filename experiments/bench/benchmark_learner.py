@@ -410,9 +410,7 @@ def prewarm(workloads: list[str], variants: list[str], processes: int, passthrou
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
-    folder = Path(tempfile.mkdtemp(prefix="prewarm_"))
-
-    def one(cell: tuple[str, str]) -> dict:
+    def one(cell: tuple[str, str], folder: Path) -> dict:
         wname, variant = cell
         out = folder / f"{wname}_{variant}.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--workloads", wname, "--variants", variant,
@@ -428,8 +426,8 @@ def prewarm(workloads: list[str], variants: list[str], processes: int, passthrou
         print(f"   prewarm {wname} {variant}: {row.get('cold_start_s', row.get('error', ''))!s:.80}", flush=True)
         return row
 
-    with ThreadPoolExecutor(max_workers=max(1, processes)) as workers:
-        return list(workers.map(one, [(w, v) for w in workloads for v in variants]))
+    with tempfile.TemporaryDirectory(prefix="prewarm_") as folder, ThreadPoolExecutor(max_workers=max(1, processes)) as workers:
+        return list(workers.map(lambda cell: one(cell, Path(folder)), [(w, v) for w in workloads for v in variants]))
 
 
 def main(argv: list[str] | None = None) -> int:
