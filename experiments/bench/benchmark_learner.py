@@ -10,11 +10,11 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast: graph mode with one setting changed
-    (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
+  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop: graph mode with one setting
+    changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
-    GEMM weights cast per matmul instead of once per network call
+    GEMM weights cast per matmul instead of once per network call, cooperative reductions
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -66,7 +66,7 @@ WORKLOADS = {
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
     "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
-    "ours_graph_tuned", "ours_graph_no_combo", "ours_graph_aggressive", "ours_graph_percast",
+    "ours_graph_tuned", "ours_graph_no_combo", "ours_graph_aggressive", "ours_graph_percast", "ours_graph_coop",
 )
 # Graph mode with one setting changed: what each buys and costs in start-up.
 GRAPH_STUDIES = {
@@ -80,6 +80,10 @@ GRAPH_STUDIES = {
     "ours_graph_aggressive": {"inductor_options": {"aggressive_fusion": True}},
     # the GEMM weights cast to bf16 per matmul instead of once per network call
     "ours_graph_percast": {"cast_gemm_weights_once": False},
+    # cooperative reductions (several thread blocks per output, synchronized): the BatchNorm
+    # statistics over the batch axis have few outputs (the critic's input BN: 2 x 130 at W3,
+    # one 4096-row loop each, 43 us a launch; results/roofline/README.md)
+    "ours_graph_coop": {"inductor_options": {"triton.cooperative_reductions": True}},
 }
 POOL_ROWS = 65536
 
