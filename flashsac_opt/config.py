@@ -101,6 +101,13 @@ class EngineOptions:
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
     # values; False exists to measure the difference (benchmark variant ours_graph_percast).
     cast_gemm_weights_once: bool = True
+    # The critics' training-mode BatchNorm statistics over the batch axis in chunks of this many
+    # rows, combined exactly (networks.batch_moments): the same statistics up to rounding, as a
+    # reduction Inductor can spread over many thread blocks (one over every row had 2 x 130
+    # outputs at the critic's input BN, the slowest BN kernel at batch 2048). 0: one pass, UniLab's
+    # order (eager bit-identical). Rows it does not split into two or more chunks: one pass.
+    # Measured by the benchmark variant ours_graph_bnchunks.
+    bn_chunk_rows: int = 0
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
@@ -125,6 +132,8 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             raise ValueError(f"FlashSAC supports n_step=1 only (got {self.n_step})")
         if self.obs_normalization:
             raise ValueError("obs_normalization=true is not supported by flashsac_opt (UniLab's default is false)")
+        if self.bn_chunk_rows < 0:
+            raise ValueError(f"bn_chunk_rows must be >= 0 (0: one pass), got {self.bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -354,6 +354,28 @@ class FlashSACActor(_FlatNetwork):
         self._held_noise, self._hold_count, self._hold_target = state
 
 
+def batch_moments(x: torch.Tensor, chunk_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and biased variance of ``x`` (members, rows, features) over the rows, keepdim.
+
+    ``chunk_rows`` > 0 (dividing the rows into two or more chunks): per-chunk mean and variance,
+    combined exactly (equal chunks: the variance is the chunks' mean variance plus the variance
+    of their means). Same statistics up to rounding, but a reduction with members x chunks x
+    features outputs, which Inductor spreads over many more thread blocks than one with
+    members x features outputs and a loop over every row (the critic's input BN at W3:
+    2 x 130 outputs, 4096 rows each, the slowest BN kernel; results/roofline/README.md).
+    0, or rows it does not split evenly: one pass, UniLab's order (eager bit-identical).
+    """
+    n, rows, d = x.shape
+    if chunk_rows <= 0 or rows % chunk_rows or rows // chunk_rows < 2:
+        return x.mean(dim=1, keepdim=True), x.var(dim=1, correction=0, keepdim=True)
+    parts = x.reshape(n, rows // chunk_rows, chunk_rows, d)
+    part_mean = parts.mean(dim=2, keepdim=True)
+    part_var = parts.var(dim=2, correction=0, keepdim=True)
+    mean = part_mean.mean(dim=1)
+    var = (part_var + (part_mean - mean.unsqueeze(1)) ** 2).mean(dim=1)
+    return mean, var
+
+
 class FlashSACCritic(_FlatNetwork):
     """Ensemble (default 2) of categorical critics with batched weights.
 
@@ -403,13 +425,14 @@ class FlashSACCritic(_FlatNetwork):
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms), persistent=False)
         self.reset_parameters()
 
-    @staticmethod
-    def _bn(x, p, s, name, training, new_stats):
+    # Rows per chunk of the training-mode BN statistics (EngineOptions.bn_chunk_rows); 0: one pass.
+    bn_chunk_rows = 0
+
+    def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
         if training:
             # Batch statistics per member over the batch axis (dim 1).
-            mean = x.mean(dim=1, keepdim=True)
-            var = x.var(dim=1, correction=0, keepdim=True)
+            mean, var = batch_moments(x, self.bn_chunk_rows)
             rows = x.shape[1]
             unbiased = rows / max(rows - 1, 1)
             new_stats.append(torch.lerp(s[f"{name}.mean"], mean.squeeze(1).float(), BN_MOMENTUM))

@@ -265,6 +265,39 @@ def test_gemm_weights_cast_once_under_autocast_same_values_fewer_casts(network):
     assert weights >= 6 and casts_once <= casts_per_op - (weights - 1), (casts_once, casts_per_op)
 
 
+def test_chunked_batch_moments_equal_one_pass_and_fall_back_where_rows_do_not_split():
+    from flashsac_opt.networks import batch_moments
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(48, 13, generator=g, dtype=torch.float64) * 3 + 1).unsqueeze(0).expand(2, -1, -1)  # the input BN's shape
+    one_mean, one_var = batch_moments(x)
+    assert torch.equal(one_mean, x.mean(dim=1, keepdim=True)) and torch.equal(one_var, x.var(dim=1, correction=0, keepdim=True))
+    for chunk in (4, 8, 16, 24):
+        mean, var = batch_moments(x, chunk)
+        assert mean.shape == var.shape == (2, 1, 13)
+        torch.testing.assert_close(mean, one_mean, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(var, one_var, rtol=1e-12, atol=1e-12)
+        assert not torch.equal(var, one_var) or chunk == 24  # a different summation order, not the same code
+    for chunk in (5, 48, 96):  # 48 rows: not divisible, one chunk, fewer rows than a chunk
+        mean, var = batch_moments(x, chunk)
+        assert torch.equal(mean, one_mean) and torch.equal(var, one_var)
+
+
+def test_chunked_bn_statistics_keep_the_critic_update_within_rounding_of_one_pass():
+    """bn_chunk_rows changes the summation order of the critics' BN statistics, nothing else:
+    the first critic loss and the new BN statistics agree to fp32 rounding, and the actor's BN
+    (F.batch_norm) is untouched."""
+    one, chunked = make("eager"), make("eager", bn_chunk_rows=8)  # 2 x 16 rows per critic forward: 4 chunks
+    assert chunked.critic.bn_chunk_rows == chunked.target_critic.bn_chunk_rows == 8 and not hasattr(chunked.actor, "bn_chunk_rows")
+    data = batches(one, 1)
+    l1, l2 = train(one, data), train(chunked, data)
+    assert abs(float(l1[0, 0] - l2[0, 0])) <= 1e-5 * abs(float(l1[0, 0]))
+    assert rel(chunked.critic.bn_stats, one.critic.bn_stats) < 1e-5
+    assert rel(chunked.critic.params, one.critic.params) < 1e-2  # Adam: rounding in near-zero gradients becomes +-lr
+    with pytest.raises(ValueError, match="bn_chunk_rows"):
+        make("eager", bn_chunk_rows=-1)
+
+
 def test_graph_mode_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")

@@ -10,11 +10,12 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop: graph mode with one setting
-    changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
+  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _bnchunks: graph mode with
+    one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
-    GEMM weights cast per matmul instead of once per network call, cooperative reductions
+    GEMM weights cast per matmul instead of once per network call, cooperative reductions,
+    the critics' BN statistics in chunks of 128 rows (bn_chunk_rows)
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -67,6 +68,7 @@ VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
     "ours_eager", "ours_compile", "ours_graph", "ours_graph_replay", "ours_graph_fused", "ours_graph_split",
     "ours_graph_tuned", "ours_graph_no_combo", "ours_graph_aggressive", "ours_graph_percast", "ours_graph_coop",
+    "ours_graph_bnchunks",
 )
 # Graph mode with one setting changed: what each buys and costs in start-up.
 GRAPH_STUDIES = {
@@ -84,6 +86,8 @@ GRAPH_STUDIES = {
     # statistics over the batch axis have few outputs (the critic's input BN: 2 x 130 at W3,
     # one 4096-row loop each, 43 us a launch; results/roofline/README.md)
     "ours_graph_coop": {"inductor_options": {"triton.cooperative_reductions": True}},
+    # the critics' BN statistics reduced in chunks of 128 rows, then combined (bn_chunk_rows)
+    "ours_graph_bnchunks": {"bn_chunk_rows": 128},
 }
 POOL_ROWS = 65536
 
