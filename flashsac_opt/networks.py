@@ -364,16 +364,18 @@ def batch_moments(x: torch.Tensor, chunk_rows: int = 0) -> tuple[torch.Tensor, t
     members x features outputs and a loop over every row (the critic's input BN at W3:
     2 x 130 outputs, 4096 rows each, the slowest BN kernel; results/roofline/README.md).
     0, or rows it does not split evenly: one pass, UniLab's order (eager bit-identical).
+    The chunks are combined in float32 (or x's wider dtype) and rounded to ``x``'s dtype once
+    (under bf16 autocast per-chunk bf16 results would add a rounding per stage).
     """
     n, rows, d = x.shape
     if chunk_rows <= 0 or rows % chunk_rows or rows // chunk_rows < 2:
         return x.mean(dim=1, keepdim=True), x.var(dim=1, correction=0, keepdim=True)
-    parts = x.reshape(n, rows // chunk_rows, chunk_rows, d)
+    parts = x.reshape(n, rows // chunk_rows, chunk_rows, d).to(torch.promote_types(x.dtype, torch.float32))
     part_mean = parts.mean(dim=2, keepdim=True)
     part_var = parts.var(dim=2, correction=0, keepdim=True)
     mean = part_mean.mean(dim=1)
     var = (part_var + (part_mean - mean.unsqueeze(1)) ** 2).mean(dim=1)
-    return mean, var
+    return mean.to(x.dtype), var.to(x.dtype)
 
 
 class FlashSACCritic(_FlatNetwork):

@@ -281,6 +281,11 @@ def test_chunked_batch_moments_equal_one_pass_and_fall_back_where_rows_do_not_sp
     for chunk in (5, 48, 96):  # 48 rows: not divisible, one chunk, fewer rows than a chunk
         mean, var = batch_moments(x, chunk)
         assert torch.equal(mean, one_mean) and torch.equal(var, one_var)
+    low = x.to(torch.bfloat16)  # bf16 autocast: the result keeps x's dtype, one rounding from the float64 truth
+    mean, var = batch_moments(low, 8)
+    assert mean.dtype == var.dtype == torch.bfloat16
+    torch.testing.assert_close(mean.double(), one_mean, rtol=2 ** -8, atol=2 ** -8)
+    torch.testing.assert_close(var.double(), one_var, rtol=2 ** -7, atol=0)
 
 
 def test_chunked_bn_statistics_keep_the_critic_update_within_rounding_of_one_pass():
