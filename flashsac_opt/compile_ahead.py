@@ -267,6 +267,7 @@ class CompileAhead:
             )
         self.report: dict[str, Any] | None = None
         self.waited_s: float | None = None
+        self.failed = False  # wait() warned naming the log: the folder stays for it
         atexit.register(self.stop)
 
     in_this_process = False
@@ -302,13 +303,13 @@ class CompileAhead:
         """Wait for the child; True when it compiled, else one warning (the caller compiles)."""
         start = time.perf_counter()
         if self.running and self.report_file.is_file():  # compiled: only its teardown is left
-            self.stop()
+            self._terminate()
             rc = 0
         else:
             try:
                 rc = self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.stop()
+                self._terminate()
                 rc = None
         self.waited_s = time.perf_counter() - start
         if rc == 0 and self.report_file.is_file():
@@ -317,6 +318,7 @@ class CompileAhead:
             return True
         tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.is_file() else []
         why = "timed out" if rc is None else f"exit status {rc}"
+        self.failed = True
         warnings.warn(
             f"flashsac_opt compile-ahead child failed ({why}{': ' + tail[0][:200] if tail else ''}; log {self.log}); "
             "compiling in the training process instead",
@@ -325,7 +327,14 @@ class CompileAhead:
         return False
 
     def stop(self) -> None:
-        """Stop the child if it still runs (SIGTERM, then SIGKILL after a grace period)."""
+        """Stop the child if it still runs and remove its folder, unless a failure's warning
+        named the log in it (also at exit: nothing is left behind in the temporary directory)."""
+        self._terminate()
+        if not self.failed:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _terminate(self) -> None:
+        """SIGTERM, then SIGKILL after a grace period."""
         if self.process.poll() is not None:
             return
         self.process.terminate()

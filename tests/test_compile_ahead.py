@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +54,9 @@ def test_a_failing_child_is_one_warning_naming_its_log():
     with pytest.warns(UserWarning, match=r"compile-ahead child failed \(exit status 1: ValueError: learner_mode=graph needs a CUDA device"):
         assert not ahead.wait(timeout=300)
     assert ahead.log.is_file() and "Traceback" in ahead.log.read_text()
+    ahead.stop()  # as at exit: the log the warning named stays
+    assert ahead.log.is_file()
+    shutil.rmtree(ahead.folder)
 
 
 def test_stop_ends_a_running_child():
@@ -60,13 +64,15 @@ def test_stop_ends_a_running_child():
     assert ahead.running
     ahead.stop()
     assert not ahead.running and not alive(ahead.process.pid)
+    assert not ahead.folder.exists()  # stopped, not failed: nothing left in the temporary directory
 
 
 def test_a_child_that_wrote_its_report_is_done_and_not_waited_for_through_its_teardown():
     """The report comes after the caches are written: a child still tearing down (here: a
     process that only sleeps) is done, and wait() stops it instead of waiting it out."""
     ahead = CompileAhead(small_cfg(), DIMS, "cpu")
-    ahead.stop()
+    ahead.process.kill()
+    ahead.process.wait()
     ahead.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     assert ahead.running and not ahead.done
     ahead.report_file.write_text(json.dumps({"seconds": 2.5, "compiled": True}))
@@ -100,6 +106,7 @@ def test_child_ends_itself_when_its_parent_is_killed():
     # it was the watch, not the end of a compile: no report, and the log says why
     assert not (Path(folder) / "report.json").exists()
     assert "parent" in (Path(folder) / "child.log").read_text() and "is gone; exiting" in (Path(folder) / "child.log").read_text()
+    shutil.rmtree(folder)
 
 
 def test_switch_and_devices_that_start_no_child(monkeypatch):
