@@ -108,6 +108,13 @@ class EngineOptions:
     # order (eager bit-identical). Rows it does not split into two or more chunks: one pass.
     # Measured by the benchmark variant ours_graph_bnchunks.
     bn_chunk_rows: int = 0
+    # The online and target critics as one ensemble of twice the members in the critic loss
+    # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per
+    # layer for both instead of two chains. The target half is detached, but the backward runs
+    # the full width (zeros for it): the critic's backward FLOPs double. Meant for batches
+    # where the kernels are latency-bound (W1/W2, B256: a chain of ~350 small kernels an
+    # iteration); same values up to the GEMMs' rounding. Measured by ours_graph_stacked.
+    stack_target_critic: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics

@@ -328,6 +328,7 @@ class FlashSACLearner:
             noise,
             self.discount,
             self.amp_dtype,
+            stack_target=self.cfg.stack_target_critic,
         )
 
     def _critic_apply(self, grad, loss, critic_stats, target_stats, polyak: bool) -> torch.Tensor:

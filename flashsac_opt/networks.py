@@ -454,11 +454,42 @@ class FlashSACCritic(_FlatNetwork):
         """Returns (Q per member (n, B), atom log-probs (n, B, atoms), new BN stats or None)."""
         flat = self.params if params is None else params
         p = self.layout.views(flat)
-        w = self.gemm_weights(flat, p)
         s = self.stats_layout.views(self.bn_stats if stats is None else stats)
+        q, log_probs, new_stats = self._members(obs, actions, training, p, self.gemm_weights(flat, p), s)
+        packed = torch.cat([t.reshape(-1) for t in new_stats]) if training else None
+        return q, log_probs, packed
+
+    def forward_stacked(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        params: tuple[torch.Tensor, torch.Tensor],
+        stats: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Two critics of this architecture on the same rows as one ensemble of 2n members
+        (training-mode BN): every layer is one batched GEMM and one statistics pass instead of
+        two. The members are independent, so each half is what its own ``forward`` gives, up to
+        the GEMMs' rounding (another batch count may pick another cuBLAS kernel). Returns Q
+        (2n, B), log-probs (2n, B, atoms), each critic's new BN statistics packed. A detached
+        ``params[1]`` (the target critic) gets no gradient, but the backward still runs the
+        full-width layers (zeros for that half): the FLOPs double, which pays only where the
+        kernels are latency-bound (EngineOptions.stack_target_critic)."""
+        views = [self.layout.views(flat) for flat in params]
+        weights = [self.gemm_weights(flat, v) for flat, v in zip(params, views)]
+        stat_views = [self.stats_layout.views(flat) for flat in stats]
+        p = {k: torch.cat([v[k] for v in views]) for k in views[0]}
+        w = {k: torch.cat([v[k] for v in weights]) for k in weights[0]}
+        s = {k: torch.cat([v[k] for v in stat_views]) for k in stat_views[0]}
+        q, log_probs, new_stats = self._members(obs, actions, True, p, w, s)
+        n = self.num_members
+        packed = tuple(torch.cat([t[half].reshape(-1) for t in new_stats]) for half in (slice(None, n), slice(n, None)))
+        return q, log_probs, packed
+
+    def _members(self, obs, actions, training, p, w, s) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """The ensemble's forward on per-slot views whose leading dimension is the members."""
         new_stats: list[torch.Tensor] = []
         x = torch.cat((obs, actions), dim=-1)
-        x = x.unsqueeze(0).expand(self.num_members, -1, -1)
+        x = x.unsqueeze(0).expand(w["in_proj"].shape[0], -1, -1)
         x = torch.einsum("nbi,noi->nbo", self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
             b = f"block{i}"
@@ -471,8 +502,7 @@ class FlashSACCritic(_FlatNetwork):
         logits = torch.einsum("nbi,noi->nbo", x, w["logits.weight"]) + p["logits.bias"].unsqueeze(1)
         log_probs = F.log_softmax(logits, dim=-1)
         q = torch.sum(log_probs.exp() * self.support.view(1, 1, -1), dim=-1)
-        packed = torch.cat([t.reshape(-1) for t in new_stats]) if training else None
-        return q, log_probs, packed
+        return q, log_probs, new_stats
 
 
 class FlashSACTemperature(nn.Module):

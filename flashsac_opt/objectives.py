@@ -109,12 +109,14 @@ def critic_objective(
     next_noise: torch.Tensor,
     discount: float,
     amp_dtype: torch.dtype | None,
+    stack_target: bool = False,
 ) -> CriticOutputs:
     """Distributional TD loss on the joint batch (CrossQ-style shared BN statistics).
 
     The target and online critics both run on [s, s'] x [a, a'] (2B rows) in training-mode
     BN; the first half gives the prediction, the second half the bootstrap distribution
-    (from the ensemble member with the smaller Q, per sample).
+    (from the ensemble member with the smaller Q, per sample). ``stack_target``: both critics
+    as one ensemble forward (``FlashSACCritic.forward_stacked``), the target half detached.
     """
     batch = actions.shape[0]
     amp = _autocast(actions, amp_dtype)
@@ -123,8 +125,22 @@ def critic_objective(
         next_actions, next_log_prob, _ = actor(obs_next, next_noise, training=False, params=actor_params.detach())
         entropy_term = torch.exp(log_temp).detach() * next_log_prob
         act_all = torch.cat([actions, next_actions], dim=0)
-        q_all, log_probs_all, target_stats = target(obs_all, act_all, training=True, params=target_params)
-        next_q, next_log_probs = q_all[:, batch:], log_probs_all[:, batch:]
+    if stack_target:
+        n = critic.num_members
+        with _autocast(actions, amp_dtype):
+            q_both, log_probs_both, (critic_stats, target_stats) = critic.forward_stacked(
+                obs_all, act_all, (critic_params, target_params.detach()), (critic.bn_stats, target.bn_stats)
+            )
+        pred_log_probs_all = log_probs_both[:n]
+        q_all, target_log_probs = q_both[n:].detach(), log_probs_both[n:].detach()
+        target_stats = target_stats.detach()
+    else:
+        with torch.no_grad(), _autocast(actions, amp_dtype):
+            q_all, target_log_probs, target_stats = target(obs_all, act_all, training=True, params=target_params)
+        with _autocast(actions, amp_dtype):
+            _, pred_log_probs_all, critic_stats = critic(obs_all, act_all, training=True, params=critic_params)
+    with torch.no_grad(), _autocast(actions, amp_dtype):
+        next_q, next_log_probs = q_all[:, batch:], target_log_probs[:, batch:]
         member = next_q.argmin(dim=0)
         chosen = torch.gather(next_log_probs, 0, member[None, :, None].expand(1, -1, next_log_probs.shape[-1]))[0]
         bootstrap = torch.clamp(1.0 - dones + truncated, 0.0, 1.0)
@@ -132,7 +148,6 @@ def critic_objective(
             target.support, chosen.exp(), rewards, bootstrap, entropy_term.reshape(-1), discount
         )
     with _autocast(actions, amp_dtype):
-        _, pred_log_probs_all, critic_stats = critic(obs_all, act_all, training=True, params=critic_params)
         loss = -(target_probs.unsqueeze(0) * pred_log_probs_all[:, :batch]).sum(dim=-1).mean()
     assert critic_stats is not None and target_stats is not None
     return CriticOutputs(loss, critic_stats, target_stats)

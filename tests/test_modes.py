@@ -1,5 +1,7 @@
 """learner_mode compile / graph: equality with eager, no recompiles, no host syncs, frozen critic."""
 
+import functools
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -304,6 +306,59 @@ def test_chunked_bn_statistics_keep_the_critic_update_within_rounding_of_one_pas
         make("eager", bn_chunk_rows=-1)
 
 
+def test_stacked_critic_forward_gives_each_critic_its_own_forward():
+    """forward_stacked on (online, target) = each critic's own training-mode forward (the
+    members are independent), the new statistics split back per critic, and a detached
+    target half gets no gradient while the online half's equals the plain forward's."""
+    learner = make("eager")
+    critic, target = learner.critic, learner.target_critic
+    with torch.no_grad():  # make the two critics differ
+        target.params.mul_(1.01)
+        target.bn_stats.add_(0.1)
+    g = torch.Generator().manual_seed(5)
+    obs = torch.randn(24, learner.critic_obs_dim, generator=g)
+    act = torch.randn(24, learner.action_dim, generator=g).tanh()
+    online = critic.params.detach().clone().requires_grad_(True)
+    q2, lp2, (s_online, s_target) = critic.forward_stacked(obs, act, (online, target.params.detach()), (critic.bn_stats, target.bn_stats))
+    (lp2[:2].sum() + 0.5 * lp2[2:].sum()).backward()
+    grad_stacked = online.grad.clone()
+    online.grad = None
+    q_a, lp_a, stats_a = critic(obs, act, training=True, params=online)
+    lp_a.sum().backward()
+    q_b, lp_b, stats_b = target(obs, act, training=True)
+    n = critic.num_members
+    assert q2.shape == (2 * n, 24) and lp2.shape[0] == 2 * n
+    for mine, ref in ((q2[:n], q_a), (q2[n:], q_b), (lp2[:n], lp_a), (lp2[n:], lp_b), (s_online, stats_a), (s_target, stats_b)):
+        torch.testing.assert_close(mine, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_stacked, online.grad, rtol=1e-5, atol=1e-7)
+
+
+def _eval_only(forward, *args, training, **kwargs):
+    assert not training, "a critic ran its own training-mode forward: the stacked one did not replace it"
+    return forward(*args, training=training, **kwargs)
+
+
+def test_stacked_target_critic_keeps_the_update_within_rounding_of_two_forwards():
+    """stack_target_critic changes how the two critics' forwards are batched, not the
+    mathematics: eager and compiled (aot_eager, the traced graphs op for op) updates track the
+    plain learner to fp32 rounding over a few iterations, both update forms."""
+    plain = make("eager")
+    data = batches(plain, 3)
+    reference = train(plain, data)
+    for mode, extra in (("eager", {}), ("compile", {"compile_backend": "aot_eager", "fused_update": True}),
+                        ("compile", {"compile_backend": "aot_eager", "fused_update": False})):
+        torch._dynamo.reset()  # each learner compiles its own functions: no recompile limit across them
+        stacked = make(mode, stack_target_critic=True, **extra)
+        for net in (stacked.critic, stacked.target_critic):  # the stacked forward is the only training-mode one
+            net.forward = functools.partial(_eval_only, net.forward)
+        losses = train(stacked, data)
+        assert rel(losses, reference) < 1e-5, (mode, extra)
+        for name in ("critic", "target_critic", "actor"):
+            assert rel(getattr(stacked, name).params, getattr(plain, name).params) < 1e-3, (mode, extra, name)
+        assert rel(stacked.target_critic.bn_stats, plain.target_critic.bn_stats) < 1e-5
+        assert rel(stacked.critic.bn_stats, plain.critic.bn_stats) < 1e-5
+
+
 def test_graph_mode_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
@@ -363,6 +418,12 @@ def test_gpu_graph_mode_without_combo_kernels_tracks_eager():
     """graph mode's default on CUDA has Inductor's horizontal fusion (combo_kernels); the
     mode-vs-eager test above covers it. The opt-out must not change the maths either."""
     _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, inductor_options={"combo_kernels": False}), True)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_stacked_critics_tracks_eager():
+    """The stacked critic forward (stack_target_critic) in graph mode, bf16, against plain eager."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, stack_target_critic=True), True)
 
 
 def _assert_tracks_eager(drift: dict, amp: bool) -> None:

@@ -10,12 +10,13 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _bnchunks: graph mode with
+  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _bnchunks / _stacked: graph mode with
     one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
     GEMM weights cast per matmul instead of once per network call, cooperative reductions,
-    the critics' BN statistics in chunks of 128 rows (bn_chunk_rows)
+    the critics' BN statistics in chunks of 128 rows (bn_chunk_rows), the online and target
+    critics as one ensemble forward (stack_target_critic)
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -82,6 +83,9 @@ GRAPH_STUDIES = {
     "ours_graph_coop": {"inductor_options": {"triton.cooperative_reductions": True}},
     # the critics' BN statistics reduced in chunks of 128 rows, then combined (bn_chunk_rows)
     "ours_graph_bnchunks": {"bn_chunk_rows": 128},
+    # the online and target critics as one 4-member ensemble in the critic loss: half the
+    # forward kernels of the two critics, twice the critic's backward FLOPs (stack_target_critic)
+    "ours_graph_stacked": {"stack_target_critic": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
