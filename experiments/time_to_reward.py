@@ -165,6 +165,11 @@ def group_runs(runs: list[dict]) -> list[dict]:
     for key, members in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][4], kv[0][5], kv[0][0] != "unilab", kv[0][1])):
         members.sort(key=lambda r: r["seed"])
         seeds = [r["seed"] for r in members]
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        if repeated:  # a median over seeds would count that seed twice
+            files = [r["file"] for r in members if r["seed"] in repeated]
+            raise ValueError(f"{label(dict(zip(GROUP_KEY, key)))}: seed(s) {repeated} more than once ({', '.join(files)}); "
+                             "summarize one run per seed")
         stat = lambda get: median_or_none([get(r) for r in members])  # noqa: E731
         out.append({
             **dict(zip(GROUP_KEY, key)),
@@ -252,7 +257,10 @@ def summarize_main(args, parser) -> int:
             skipped.append({"file": path.name, "why": "its rows have no seconds from launch (a report from before wall_s)"})
             continue
         runs.append(run)
-    groups = group_runs(runs)
+    try:
+        groups = group_runs(runs)
+    except ValueError as exc:
+        parser.error(str(exc))
     report = {
         "experiment": "time_to_reward",
         "summarizes": [str(p) for p in files],

@@ -147,6 +147,18 @@ def test_a_patched_run_carries_its_start_up_phases(tmp_path):
     assert ttr.summarize_file(fake_run(tmp_path, "unilab", 1, [5.0] * 30), last=10)["startup_phases_s"] is None
 
 
+def test_a_seed_given_twice_in_one_configuration_is_refused_naming_the_files(tmp_path):
+    (tmp_path / "call1").mkdir(), (tmp_path / "call2").mkdir()
+    first = fake_run(tmp_path / "call1", "flashsac_opt", 3, [0.0] * 60)
+    again = fake_run(tmp_path / "call2", "flashsac_opt", 3, [40.0] * 60)
+    others = [fake_run(tmp_path / "call1", "flashsac_opt", s, [0.0] * 60) for s in (1, 2)]
+    with pytest.raises(ValueError, match=r"seed\(s\) \[3\] more than once"):
+        ttr.group_runs([ttr.summarize_file(f, last=10) for f in (*others, first, again)])
+    done = cli("summarize", *map(str, (*others, first, again)), "--output", str(tmp_path / "out.json"))
+    assert done.returncode == 2 and "one run per seed" in done.stderr and first.name in done.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_summarize_writes_the_json_schema_and_the_figure(tmp_path):
     files = [fake_run(tmp_path, "flashsac_opt", s, [0.0] * 30 + [40.0] * 30) for s in (1, 2, 3)]
     files.append(fake_run(tmp_path, "unilab", 1, [5.0] * 60, stopped=True))
