@@ -106,14 +106,17 @@ class EngineOptions:
     # reduction Inductor can spread over many thread blocks (one over every row had 2 x 130
     # outputs at the critic's input BN, the slowest BN kernel at batch 2048). 0: one pass, UniLab's
     # order (eager bit-identical). Rows it does not split into two or more chunks: one pass.
-    # Measured by the benchmark variant ours_graph_bnchunks.
+    # Measured (benchmark variant ours_graph_bnchunks, results/learner_benchmark/studies_2026-12-01):
+    # 1.02-1.12x slower than one pass at W1/W3/W4, the statistics' kernel time unchanged. Off.
     bn_chunk_rows: int = 0
     # The online and target critics as one ensemble of twice the members in the critic loss
     # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per
     # layer for both instead of two chains. The target half is detached, but the backward runs
     # the full width (zeros for it): the critic's backward FLOPs double. Meant for batches
     # where the kernels are latency-bound (W1/W2, B256: a chain of ~350 small kernels an
-    # iteration); same values up to the GEMMs' rounding. Measured by ours_graph_stacked.
+    # iteration); same values up to the GEMMs' rounding. Measured (ours_graph_stacked, same studies):
+    # 1.13x / 1.08x / 1.24x slower at W1 / W2 / W3: the backward's doubled width costs more than the
+    # forward saves (Inductor already shared the two forwards' common work). Off.
     stack_target_critic: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
