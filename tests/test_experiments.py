@@ -53,6 +53,16 @@ def test_benchmark_prewarm_runs_one_process_per_cell_with_the_options_passed_on(
         assert row["rc"] == 2 and "needs a CUDA device" in row["error"] and "cold_start_s" not in row, row
 
 
+def test_benchmark_prewarm_stops_a_process_past_its_timeout_and_says_so():
+    """--prewarm-timeout: a compile still running is stopped (a Triton-template autotune can
+    outlast a device call), its row marked, and the process returns at once."""
+    prewarm = load("bench/benchmark_learner.py").prewarm
+    start = time.monotonic()
+    (row,) = prewarm(["W1"], ["ours_graph"], 1, [], timeout=0.01)  # the interpreter alone takes longer
+    assert time.monotonic() - start < 30
+    assert row["timed_out"] is True and "did not finish within --prewarm-timeout 0.01 s" in row["error"] and "rc" not in row
+
+
 def test_benchmark_plot_only_redraws_a_committed_result(tmp_path):
     source = REPO / "results" / "learner_benchmark" / "benchmark_learner_side_by_side_W1.json"
     out = tmp_path / "chart.png"

@@ -10,13 +10,14 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _bnchunks / _stacked: graph mode with
-    one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
+  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _bnchunks / _stacked / _triton_gemm:
+    graph mode with one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
     GEMM weights cast per matmul instead of once per network call, cooperative reductions,
     the critics' BN statistics in chunks of 128 rows (bn_chunk_rows), the online and target
-    critics as one ensemble forward (stack_target_critic)
+    critics as one ensemble forward (stack_target_critic), GEMMs autotuned among Triton templates
+    with prologue/epilogue fusion
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -86,6 +87,10 @@ GRAPH_STUDIES = {
     # the online and target critics as one 4-member ensemble in the critic loss: half the
     # forward kernels of the two critics, twice the critic's backward FLOPs (stack_target_critic)
     "ours_graph_stacked": {"stack_target_critic": True},
+    # GEMMs autotuned among Inductor's Triton templates as well as cuBLAS, with its prologue and
+    # epilogue fusion (both on by default for templates): a BN apply + ReLU + bf16 cast may then be
+    # read by the next GEMM instead of written and read again (issue 18's "GEMM epilogues")
+    "ours_graph_triton_gemm": {"inductor_options": {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
@@ -414,9 +419,10 @@ def plot(report: dict, path: Path) -> None:
     plotting.save(fig, path)
 
 
-def prewarm(workloads: list[str], variants: list[str], processes: int, passthrough: list[str]) -> list[dict]:
+def prewarm(workloads: list[str], variants: list[str], processes: int, passthrough: list[str], timeout: float | None = None) -> list[dict]:
     """Compile every (workload, variant) cell in a process of its own, ``processes`` at a time,
-    on this process's Inductor cache; return each one's cold start (or why it has none)."""
+    on this process's Inductor cache; return each one's cold start (or why it has none: a
+    process still compiling after ``timeout`` seconds is stopped, ``timed_out``)."""
     import subprocess
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
@@ -427,7 +433,13 @@ def prewarm(workloads: list[str], variants: list[str], processes: int, passthrou
         cmd = [sys.executable, str(Path(__file__).resolve()), "--workloads", wname, "--variants", variant,
                "--iters", "1", "--warmup", "0", "--no-profile", "--note", "prewarm", "--output", str(out), *passthrough]
         start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            row = {"workload": wname, "variant": variant, "timed_out": True, "seconds": round(time.perf_counter() - start, 1),
+                   "error": f"its compile did not finish within --prewarm-timeout {timeout:g} s"}
+            print(f"   prewarm {wname} {variant}: {row['error']}", flush=True)
+            return row
         row = {"workload": wname, "variant": variant, "rc": done.returncode, "seconds": round(time.perf_counter() - start, 1)}
         cells = json.loads(out.read_text())["cells"] if out.is_file() else []
         if cells and "cold_start_s" in cells[0]:
@@ -457,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", type=Path, help="append cells to this existing JSON (same run series)")
     parser.add_argument("--prewarm", type=int, default=0, metavar="N",
                         help="compile every cell first in processes of their own, N at a time, on the same Inductor cache")
+    parser.add_argument("--prewarm-timeout", type=float, default=None, metavar="S",
+                        help="stop a prewarm process after S seconds; its cell is then not timed (it would compile as long again)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
 
@@ -498,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prewarm:
         passthrough = [f"--inductor-option={item}" for item in args.inductor_option] + (["--kernel-bytes"] if args.kernel_bytes else [])
         start = time.perf_counter()
-        report["prewarm"] = prewarm(args.workloads, args.variants, args.prewarm, passthrough)
+        report["prewarm"] = prewarm(args.workloads, args.variants, args.prewarm, passthrough, args.prewarm_timeout)
         report["prewarm_processes"], report["prewarm_s"] = args.prewarm, round(time.perf_counter() - start, 1)
         save()
 
@@ -506,9 +520,17 @@ def main(argv: list[str] | None = None) -> int:
     # when it ends (pytorch/pytorch#144455), which slows every later kernel launch, so no
     # cell may be timed after any profile has run in this process.
     profiles = []
+    unfinished = {(row["workload"], row["variant"]) for row in report.get("prewarm", []) if row.get("timed_out")}
     for wname in args.workloads:
         for variant in args.variants:
             print(f"== {wname} {variant}", flush=True)
+            if (wname, variant) in unfinished:
+                cell = {"variant": variant, "workload": wname, "error": f"not timed: its prewarm compile did not finish within {args.prewarm_timeout:g} s"}
+                report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
+                report["cells"].append(cell)
+                print(f"   {cell['error']}", flush=True)
+                save()
+                continue
             try:
                 cell, profile = run_cell(variant, wname, args.iters, args.warmup, "cuda")
                 profiles.append((cell, profile))
