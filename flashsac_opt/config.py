@@ -101,14 +101,15 @@ class EngineOptions:
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
     # values; False exists to measure the difference (benchmark variant ours_graph_percast).
     cast_gemm_weights_once: bool = True
-    # The critics' training-mode BatchNorm statistics over the batch axis in chunks of this many
-    # rows, combined exactly (networks.batch_moments): the same statistics up to rounding, as a
-    # reduction Inductor can spread over many thread blocks (one over every row had 2 x 130
-    # outputs at the critic's input BN, the slowest BN kernel at batch 2048). 0: one pass, UniLab's
-    # order (eager bit-identical). Rows it does not split into two or more chunks: one pass.
-    # Measured (benchmark variant ours_graph_bnchunks, results/learner_benchmark/studies_2026-12-01):
-    # 1.02-1.12x slower than one pass at W1/W3/W4, the statistics' kernel time unchanged. Off.
-    bn_chunk_rows: int = 0
+    # The critics' input BatchNorm statistics (training mode) over the batch axis in chunks of
+    # this many rows, combined exactly (networks.batch_moments): the same statistics up to
+    # rounding, as a reduction Inductor can spread over many thread blocks. One pass over every
+    # row has 2 x 130 outputs at W3 (2 x 318 at W4), few blocks: the slowest BN kernel there
+    # (43 / 68 us a launch). 0: one pass, UniLab's order (eager bit-identical); rows it does not
+    # split into two or more chunks: one pass. Chunking every critic BN layer was measured
+    # 1.02-1.12x slower (session 16's study, commit 62bc0bd; hidden layers have enough outputs and
+    # their fusion changed); the input alone is the study ours_graph_input_bn_chunks.
+    input_bn_chunk_rows: int = 0
     # The online and target critics as one ensemble of twice the members in the critic loss
     # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per
     # layer for both instead of two chains. The target half is detached, but the backward runs
@@ -142,8 +143,8 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             raise ValueError(f"FlashSAC supports n_step=1 only (got {self.n_step})")
         if self.obs_normalization:
             raise ValueError("obs_normalization=true is not supported by flashsac_opt (UniLab's default is false)")
-        if self.bn_chunk_rows < 0:
-            raise ValueError(f"bn_chunk_rows must be >= 0 (0: one pass), got {self.bn_chunk_rows}")
+        if self.input_bn_chunk_rows < 0:
+            raise ValueError(f"input_bn_chunk_rows must be >= 0 (0: one pass), got {self.input_bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -104,7 +104,7 @@ class FlashSACLearner:
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
         for net in (self.critic, self.target_critic):
-            net.bn_chunk_rows = cfg.bn_chunk_rows
+            net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(

@@ -427,14 +427,14 @@ class FlashSACCritic(_FlatNetwork):
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms), persistent=False)
         self.reset_parameters()
 
-    # Rows per chunk of the training-mode BN statistics (EngineOptions.bn_chunk_rows); 0: one pass.
-    bn_chunk_rows = 0
+    # Rows per chunk of the input BN's training-mode statistics (EngineOptions.input_bn_chunk_rows); 0: one pass.
+    input_bn_chunk_rows = 0
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
         if training:
             # Batch statistics per member over the batch axis (dim 1).
-            mean, var = batch_moments(x, self.bn_chunk_rows)
+            mean, var = batch_moments(x, self.input_bn_chunk_rows if name == "in_bn" else 0)
             rows = x.shape[1]
             unbiased = rows / max(rows - 1, 1)
             new_stats.append(torch.lerp(s[f"{name}.mean"], mean.squeeze(1).float(), BN_MOMENTUM))

@@ -290,20 +290,24 @@ def test_chunked_batch_moments_equal_one_pass_and_fall_back_where_rows_do_not_sp
     torch.testing.assert_close(var.double(), one_var, rtol=2 ** -7, atol=0)
 
 
-def test_chunked_bn_statistics_keep_the_critic_update_within_rounding_of_one_pass():
-    """bn_chunk_rows changes the summation order of the critics' BN statistics, nothing else:
-    the first critic loss and the new BN statistics agree to fp32 rounding, and the actor's BN
-    (F.batch_norm) is untouched."""
-    one, chunked = make("eager"), make("eager", bn_chunk_rows=8)  # 2 x 16 rows per critic forward: 4 chunks
-    assert chunked.critic.bn_chunk_rows == chunked.target_critic.bn_chunk_rows == 8 and not hasattr(chunked.actor, "bn_chunk_rows")
+def test_chunked_input_bn_statistics_keep_the_critic_update_within_rounding_of_one_pass():
+    """input_bn_chunk_rows changes the summation order of the critics' input BN statistics,
+    nothing else: those agree with one pass to fp32 rounding, every other BN layer's statistics
+    (computed from them) as well, the first critic loss too, and the actor's BN is untouched."""
+    one, chunked = make("eager"), make("eager", input_bn_chunk_rows=8)  # 2 x 16 rows per critic forward: 4 chunks
+    assert chunked.critic.input_bn_chunk_rows == chunked.target_critic.input_bn_chunk_rows == 8
+    assert not hasattr(chunked.actor, "input_bn_chunk_rows")
     data = batches(one, 1)
     l1, l2 = train(one, data), train(chunked, data)
     assert abs(float(l1[0, 0] - l2[0, 0])) <= 1e-5 * abs(float(l1[0, 0]))
+    layout = one.critic.stats_layout
+    chunked_input = torch.cat([layout.view(chunked.critic.bn_stats, f"in_bn.{k}").reshape(-1) for k in ("mean", "var")])
+    one_input = torch.cat([layout.view(one.critic.bn_stats, f"in_bn.{k}").reshape(-1) for k in ("mean", "var")])
+    assert rel(chunked_input, one_input) < 1e-6 and not torch.equal(chunked_input, one_input)  # the chunked path ran
     assert rel(chunked.critic.bn_stats, one.critic.bn_stats) < 1e-5
-    assert not torch.equal(chunked.critic.bn_stats, one.critic.bn_stats)  # the chunked path ran
     assert rel(chunked.critic.params, one.critic.params) < 1e-2  # Adam: rounding in near-zero gradients becomes +-lr
-    with pytest.raises(ValueError, match="bn_chunk_rows"):
-        make("eager", bn_chunk_rows=-1)
+    with pytest.raises(ValueError, match="input_bn_chunk_rows"):
+        make("eager", input_bn_chunk_rows=-1)
 
 
 def test_stacked_critic_forward_gives_each_critic_its_own_forward():

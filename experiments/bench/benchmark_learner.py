@@ -10,12 +10,12 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _bnchunks / _stacked / _triton_gemm:
+  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _input_bn_chunks / _stacked / _triton_gemm:
     graph mode with one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
     GEMM weights cast per matmul instead of once per network call, cooperative reductions,
-    the critics' BN statistics in chunks of 128 rows (bn_chunk_rows), the online and target
+    the critics' input BN statistics in chunks of 128 rows (input_bn_chunk_rows), the online and target
     critics as one ensemble forward (stack_target_critic), GEMMs autotuned among Triton templates
     with prologue/epilogue fusion
 
@@ -82,8 +82,10 @@ GRAPH_STUDIES = {
     # statistics over the batch axis have few outputs (the critic's input BN: 2 x 130 at W3,
     # one 4096-row loop each, 43 us a launch; results/roofline/README.md)
     "ours_graph_coop": {"inductor_options": {"triton.cooperative_reductions": True}},
-    # the critics' BN statistics reduced in chunks of 128 rows, then combined (bn_chunk_rows)
-    "ours_graph_bnchunks": {"bn_chunk_rows": 128},
+    # the critics' input BN statistics reduced in chunks of 128 rows, then combined
+    # (input_bn_chunk_rows; chunking every critic BN layer, session 16's ours_graph_bnchunks at
+    # commit 62bc0bd, was 1.02-1.12x slower)
+    "ours_graph_input_bn_chunks": {"input_bn_chunk_rows": 128},
     # the online and target critics as one 4-member ensemble in the critic loss: half the
     # forward kernels of the two critics, twice the critic's backward FLOPs (stack_target_critic)
     "ours_graph_stacked": {"stack_target_critic": True},
