@@ -125,28 +125,30 @@ def critic_objective(
         next_actions, next_log_prob, _ = actor(obs_next, next_noise, training=False, params=actor_params.detach())
         entropy_term = torch.exp(log_temp).detach() * next_log_prob
         act_all = torch.cat([actions, next_actions], dim=0)
+
+    def bootstrap_distribution(q_all: torch.Tensor, log_probs_all: torch.Tensor) -> torch.Tensor:
+        # the second half of the target critic's rows: its [s', a'] predictions
+        next_q, next_log_probs = q_all[:, batch:], log_probs_all[:, batch:]
+        member = next_q.argmin(dim=0)
+        chosen = torch.gather(next_log_probs, 0, member[None, :, None].expand(1, -1, next_log_probs.shape[-1]))[0]
+        bootstrap = torch.clamp(1.0 - dones + truncated, 0.0, 1.0)
+        return categorical_projection(target.support, chosen.exp(), rewards, bootstrap, entropy_term.reshape(-1), discount)
+
     if stack_target:
         n = critic.num_members
         with _autocast(actions, amp_dtype):
             q_both, log_probs_both, (critic_stats, target_stats) = critic.forward_stacked(
                 obs_all, act_all, (critic_params, target_params.detach()), (critic.bn_stats, target.bn_stats)
             )
-        pred_log_probs_all = log_probs_both[:n]
-        q_all, target_log_probs = q_both[n:].detach(), log_probs_both[n:].detach()
-        target_stats = target_stats.detach()
-    else:
+        pred_log_probs_all, target_stats = log_probs_both[:n], target_stats.detach()
         with torch.no_grad(), _autocast(actions, amp_dtype):
-            q_all, target_log_probs, target_stats = target(obs_all, act_all, training=True, params=target_params)
+            target_probs = bootstrap_distribution(q_both[n:].detach(), log_probs_both[n:].detach())
+    else:  # UniLab's order: the target's forward and projection, then the online critic's forward
+        with torch.no_grad(), _autocast(actions, amp_dtype):
+            q_all, log_probs_all, target_stats = target(obs_all, act_all, training=True, params=target_params)
+            target_probs = bootstrap_distribution(q_all, log_probs_all)
         with _autocast(actions, amp_dtype):
             _, pred_log_probs_all, critic_stats = critic(obs_all, act_all, training=True, params=critic_params)
-    with torch.no_grad(), _autocast(actions, amp_dtype):
-        next_q, next_log_probs = q_all[:, batch:], target_log_probs[:, batch:]
-        member = next_q.argmin(dim=0)
-        chosen = torch.gather(next_log_probs, 0, member[None, :, None].expand(1, -1, next_log_probs.shape[-1]))[0]
-        bootstrap = torch.clamp(1.0 - dones + truncated, 0.0, 1.0)
-        target_probs = categorical_projection(
-            target.support, chosen.exp(), rewards, bootstrap, entropy_term.reshape(-1), discount
-        )
     with _autocast(actions, amp_dtype):
         loss = -(target_probs.unsqueeze(0) * pred_log_probs_all[:, :batch]).sum(dim=-1).mean()
     assert critic_stats is not None and target_stats is not None
