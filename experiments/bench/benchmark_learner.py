@@ -425,6 +425,7 @@ def prewarm(workloads: list[str], variants: list[str], processes: int, passthrou
     """Compile every (workload, variant) cell in a process of its own, ``processes`` at a time,
     on this process's Inductor cache; return each one's cold start (or why it has none: a
     process still compiling after ``timeout`` seconds is stopped, ``timed_out``)."""
+    import signal
     import subprocess
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
@@ -435,19 +436,23 @@ def prewarm(workloads: list[str], variants: list[str], processes: int, passthrou
         cmd = [sys.executable, str(Path(__file__).resolve()), "--workloads", wname, "--variants", variant,
                "--iters", "1", "--warmup", "0", "--no-profile", "--note", "prewarm", "--output", str(out), *passthrough]
         start = time.perf_counter()
+        # A session of its own: a timeout stops the process group, Inductor's compile workers included.
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            _, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
             row = {"workload": wname, "variant": variant, "timed_out": True, "seconds": round(time.perf_counter() - start, 1),
                    "error": f"its compile did not finish within --prewarm-timeout {timeout:g} s"}
             print(f"   prewarm {wname} {variant}: {row['error']}", flush=True)
             return row
-        row = {"workload": wname, "variant": variant, "rc": done.returncode, "seconds": round(time.perf_counter() - start, 1)}
+        row = {"workload": wname, "variant": variant, "rc": child.returncode, "seconds": round(time.perf_counter() - start, 1)}
         cells = json.loads(out.read_text())["cells"] if out.is_file() else []
         if cells and "cold_start_s" in cells[0]:
             row["cold_start_s"] = cells[0]["cold_start_s"]
         else:
-            row["error"] = (cells[0].get("error") if cells else None) or done.stderr[-2000:]
+            row["error"] = (cells[0].get("error") if cells else None) or stderr[-2000:]
         print(f"   prewarm {wname} {variant}: {row.get('cold_start_s', row.get('error', ''))!s:.80}", flush=True)
         return row
 
