@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from common import REWARD_WINDOW, moving_mean, percentile, run_environment
@@ -199,13 +200,23 @@ def describe_timeline(timeline: dict | None) -> str:
     return ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s" for k, v in timeline.items() if k.endswith("_s"))
 
 
+def sigint_default_in_child() -> Callable[[], None] | None:
+    """A preexec_fn that gives a child SIGINT's default disposition, or None when this process's
+    SIGINT is not ignored. Started as a background job of a non-interactive shell (`nohup ... &`)
+    a process has SIGINT ignored and its children inherit that: the stop at a limit, SIGINT first
+    so that a script saves what it has, would fall through to the harder signals."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return None
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None,
                  watch: RewardWatch | None = None, poll_s: float = 5.0) -> tuple[int, str | None]:
     """Run UniLab's train; past time_limit, or once ``watch`` sees its reward, interrupt it as
     Ctrl-C would. -> (exit status, None or why it was stopped: "time_limit" or "reward")."""
     # Own process group: the interrupt reaches UniLab's collector processes too, as a
     # terminal's Ctrl-C does, and UniLab's cooperative shutdown closes its event writers.
-    proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, preexec_fn=sigint_default_in_child())
     deadline = None if time_limit is None else time.monotonic() + time_limit
     while True:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -155,11 +156,19 @@ def _stand_in_matrix(tmp_path: Path, sleep: float, limit: int) -> Path:
     return matrix
 
 
-def test_a_run_is_stopped_at_its_limit_and_its_output_comes_back(tmp_path):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_run_is_stopped_at_its_limit_and_its_output_comes_back(tmp_path, sigint):
+    """"ignored": the driver started as a background job of a non-interactive shell (`nohup ... &`),
+    whose SIGINT its children would inherit ignored; the run must still get the SIGINT that lets
+    it save."""
     matrix = _stand_in_matrix(tmp_path, sleep=60, limit=2)
     out = tmp_path / "out"
-    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "slow",
-                   env={"OUT": str(out)})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler)
+    try:  # the driver inherits this process's SIGINT disposition
+        done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "slow",
+                       env={"OUT": str(out)})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert done.returncode == 1  # a stopped run counts as failed
     assert "limit of 2 s reached" in done.stdout and "stand-in interrupted: saving" in done.stdout
     record = json.loads((out / "runs.json").read_text())["runs"][0]

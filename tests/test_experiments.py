@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -588,11 +589,16 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("ramp, expect", [(200, "reward"), (20, "time_limit")])
-def test_training_benchmark_stops_once_the_moving_mean_reward_reaches_the_threshold(tmp_path, monkeypatch, ramp, expect):
+@pytest.mark.parametrize("ramp, expect, sigint", [(200, "reward", "default"), (20, "time_limit", "default"), (200, "reward", "ignored")])
+def test_training_benchmark_stops_once_the_moving_mean_reward_reaches_the_threshold(tmp_path, monkeypatch, request, ramp, expect, sigint):
     """--stop-at-reward: the watch reads the events while they are written and interrupts the
     training (SIGINT to its process group) once the 20-iteration mean reaches the threshold; a
-    run whose reward never gets there is stopped by its time limit instead."""
+    run whose reward never gets there is stopped by its time limit instead. "ignored": this
+    process has SIGINT ignored, as a background job of a non-interactive shell has, and the
+    training must still be interrupted as Ctrl-C would."""
+    if sigint == "ignored":
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     pytest.importorskip("tensorboard")
     monkeypatch.syspath_prepend(str(REPO / "experiments"))  # its `common`, as when run as a script
     bench = load("benchmark_flashsac_training.py")

@@ -32,6 +32,7 @@ import tarfile
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -313,6 +314,16 @@ def _pump(stream, sinks, prefix: str = "") -> None:
             sink.flush()
 
 
+def sigint_default_in_child() -> Callable[[], None] | None:
+    """A preexec_fn that gives a child SIGINT's default disposition, or None when this process's
+    SIGINT is not ignored. Started as a background job of a non-interactive shell (`nohup ... &`)
+    a process has SIGINT ignored and its children inherit that: the stop at a limit, SIGINT first
+    so that a script saves what it has, would fall through to the harder signals."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return None
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None, prefix: str = "") -> tuple[int, bool]:
     """Run cmd in its own process group, output to the console (and log); at the limit stop the
     whole group: SIGINT (scripts save what they have), then SIGTERM, then SIGKILL."""
@@ -321,7 +332,7 @@ def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None,
     if log_file:
         sinks.append(log_file)
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
+                            text=True, errors="replace", start_new_session=True, preexec_fn=sigint_default_in_child())
     pump = threading.Thread(target=_pump, args=(proc.stdout, sinks, prefix), daemon=True)
     pump.start()
     timed_out = False
