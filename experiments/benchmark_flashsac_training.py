@@ -43,10 +43,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from common import REWARD_WINDOW, moving_mean, percentile, run_environment
+from common import REWARD_WINDOW, moving_mean, percentile, run_environment, sigint_default_in_child
 from report import startup_stacks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,16 +197,6 @@ def describe_timeline(timeline: dict | None) -> str:
     if not timeline:
         return "no start-up milestones logged"
     return ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s" for k, v in timeline.items() if k.endswith("_s"))
-
-
-def sigint_default_in_child() -> Callable[[], None] | None:
-    """A preexec_fn that gives a child SIGINT's default disposition, or None when this process's
-    SIGINT is not ignored. Started as a background job of a non-interactive shell (`nohup ... &`)
-    a process has SIGINT ignored and its children inherit that: the stop at a limit, SIGINT first
-    so that a script saves what it has, would fall through to the harder signals."""
-    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-        return None
-    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 from typing import Callable
 
@@ -144,3 +145,13 @@ def load_replay_file(parser: argparse.ArgumentParser, path) -> dict:
     if not isinstance(recorded, dict) or recorded.get("format") != "flashsac_opt.replay/1":
         parser.error(f"{path} is not a flashsac_opt replay file")
     return recorded
+
+
+def sigint_default_in_child() -> Callable[[], None] | None:
+    """A preexec_fn that gives a child SIGINT's default disposition, or None when this process's
+    SIGINT is not ignored. Started as a background job of a non-interactive shell (`nohup ... &`)
+    a process has SIGINT ignored and its children inherit that: the stop at a limit, SIGINT first
+    so that a script saves what it has, would fall through to the harder signals."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return None
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)

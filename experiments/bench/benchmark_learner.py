@@ -533,16 +533,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {wname} {variant}", flush=True)
             if (wname, variant) in unfinished:
                 cell = {"variant": variant, "workload": wname, "error": f"not timed: its prewarm compile did not finish within {args.prewarm_timeout:g} s"}
-                report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
-                report["cells"].append(cell)
-                print(f"   {cell['error']}", flush=True)
-                save()
-                continue
-            try:
-                cell, profile = run_cell(variant, wname, args.iters, args.warmup, "cuda")
-                profiles.append((cell, profile))
-            except Exception as exc:  # keep measuring the other cells
-                cell = {"variant": variant, "workload": wname, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            else:
+                try:
+                    cell, profile = run_cell(variant, wname, args.iters, args.warmup, "cuda")
+                    profiles.append((cell, profile))
+                except Exception as exc:  # keep measuring the other cells
+                    cell = {"variant": variant, "workload": wname, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
             report["cells"].append(cell)
             summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items() if k in ("ms_median", "ms_p90", "cold_start_s", "peak_memory_mib", "error")}

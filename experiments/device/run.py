@@ -32,9 +32,11 @@ import tarfile
 import threading
 import time
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
+from common import sigint_default_in_child  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = Path(__file__).with_name("runs.toml")
@@ -312,16 +314,6 @@ def _pump(stream, sinks, prefix: str = "") -> None:
         for sink in sinks:
             sink.write(prefix + line if sink is sys.stdout else line)
             sink.flush()
-
-
-def sigint_default_in_child() -> Callable[[], None] | None:
-    """A preexec_fn that gives a child SIGINT's default disposition, or None when this process's
-    SIGINT is not ignored. Started as a background job of a non-interactive shell (`nohup ... &`)
-    a process has SIGINT ignored and its children inherit that: the stop at a limit, SIGINT first
-    so that a script saves what it has, would fall through to the harder signals."""
-    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-        return None
-    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None, prefix: str = "") -> tuple[int, bool]:
