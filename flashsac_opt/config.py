@@ -119,6 +119,14 @@ class EngineOptions:
     # 1.13x / 1.08x / 1.24x slower at W1 / W2 / W3: the backward's doubled width costs more than the
     # forward saves (Inductor already shared the two forwards' common work). Off.
     stack_target_critic: bool = False
+    # The critic loss as separate compile boundaries (bootstrap inputs; the target critic's
+    # forward and projection; the online critic's forward; the cross-entropy) so that, in graph
+    # mode, the target branch runs on a second CUDA stream while the online critic's forward runs
+    # on the first: two independent chains of small kernels side by side in the captured graph,
+    # for W1/W2's latency-bound kernels. The critic then runs the split form (autograd between
+    # loss and step), which loses the fused form's gradient-into-Adam fusion. Same mathematics:
+    # eager is bit-identical to the plain loss. Study ours_graph_target_stream; off.
+    critic_target_stream: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
@@ -143,6 +151,8 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             raise ValueError(f"FlashSAC supports n_step=1 only (got {self.n_step})")
         if self.obs_normalization:
             raise ValueError("obs_normalization=true is not supported by flashsac_opt (UniLab's default is false)")
+        if self.critic_target_stream and self.stack_target_critic:
+            raise ValueError("critic_target_stream and stack_target_critic exclude each other: the stacked forward has no separate target branch")
         if self.input_bn_chunk_rows < 0:
             raise ValueError(f"input_bn_chunk_rows must be >= 0 (0: one pass), got {self.input_bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):

@@ -85,12 +85,17 @@ class NetworkUpdate:
     ``loss(batch, noise)``: a NamedTuple whose first field is the loss (then statistics the
     step needs); ``apply(grad, *loss_outputs, *args)``: the step; returns the metric values.
     ``params``: what the split form differentiates the loss by.
+    ``compose_loss(compile)``: where set, the split form's loss is what it returns, built of
+    several functions each passed through ``compile`` (the engine's: a compile boundary, or the
+    function itself where nothing is compiled), e.g. to run parts of the loss on another CUDA
+    stream; such a network always runs the split form.
     """
 
     params: torch.Tensor
     step: Callable[..., torch.Tensor]
     loss: Callable[..., NamedTuple]
     apply: Callable[..., torch.Tensor]
+    compose_loss: Callable[[Callable[[Callable], Callable]], Callable[..., NamedTuple]] | None = None
 
 
 # iteration(batch, schedule, updates): the whole iteration's device work, where
@@ -267,12 +272,17 @@ class Engine:
             self._updates = {name: self._build(net) for name, net in self._networks.items()}
         return self._updates
 
+    def _fused(self, net: NetworkUpdate) -> bool:
+        return bool(self.fused_update) and net.compose_loss is None
+
     def compiled_names(self) -> list[str]:
-        """The compile boundaries in use: ``{net}_step`` (fused) or ``{net}_loss``/``{net}_apply``."""
+        """The update forms in use: ``{net}_step`` (fused) or ``{net}_loss``/``{net}_apply``
+        (a composed loss is several compile boundaries under the one name)."""
         if self.fused_update is None or self.compile_deferred:
             return []
-        parts = ("step",) if self.fused_update else ("loss", "apply")
-        return [f"{name}_{part}" for name in self._networks for part in parts]
+        return [
+            f"{name}_{part}" for name, net in self._networks.items() for part in (("step",) if self._fused(net) else ("loss", "apply"))
+        ]
 
     def _inductor_options(self) -> dict[str, Any] | None:
         """The options the compiled functions get (None for a backend other than Inductor)."""
@@ -287,7 +297,7 @@ class Engine:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held
         # (metric values are copied out at once), so each update may begin a cudagraph-tree step.
         mark_step = self.mode == "compile"
-        if self.fused_update:
+        if self._fused(net):
             step = self._compile(net.step)
 
             def fused(batch, noise, *args):
@@ -299,7 +309,8 @@ class Engine:
                     return step(batch, noise, *args)
 
             return fused
-        loss_fn, apply_fn, reduce = self._compile(net.loss), self._compile(net.apply), self._reduce
+        loss_fn = net.compose_loss(self._compile) if net.compose_loss is not None else self._compile(net.loss)
+        apply_fn, reduce = self._compile(net.apply), self._reduce
 
         def split(batch, noise, *args):
             if mark_step:

@@ -18,8 +18,9 @@ checkpoints. How the iteration runs (eager, compiled, captured) is ``engine.Engi
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -28,8 +29,13 @@ from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
 from flashsac_opt.objectives import (
     CosineSchedule,
+    CriticOutputs,
     actor_objective,
+    critic_bootstrap_inputs,
+    critic_cross_entropy,
     critic_objective,
+    critic_online_log_probs,
+    critic_target_distribution,
     target_entropy,
     temperature_loss_and_grad,
 )
@@ -153,7 +159,10 @@ class FlashSACLearner:
             cfg.learner_mode,
             self.device,
             updates={
-                "critic": NetworkUpdate(self.critic.params, self._critic_step, self._critic_loss, self._critic_apply),
+                "critic": NetworkUpdate(
+                    self.critic.params, self._critic_step, self._critic_loss, self._critic_apply,
+                    compose_loss=self._critic_branched_loss if cfg.critic_target_stream else None,
+                ),
                 "actor": NetworkUpdate(self.actor.params, self._actor_step, self._actor_loss, self._actor_apply),
             },
             iteration=self._iteration,
@@ -330,6 +339,52 @@ class FlashSACLearner:
             self.amp_dtype,
             stack_target=self.cfg.stack_target_critic,
         )
+
+    def _critic_branched_loss(self, compile: Callable[[Callable], Callable]) -> Callable[[dict, torch.Tensor], CriticOutputs]:
+        """The critic loss of ``_critic_loss`` as four compile boundaries; in graph mode the
+        target branch (the target critic's forward and the projection) runs on a second stream
+        while the online critic's forward runs on the current one (EngineOptions.critic_target_stream)."""
+        amp, discount = self.amp_dtype, self.discount
+
+        def bootstrap_inputs(b, noise):
+            return critic_bootstrap_inputs(
+                self.actor, self.actor.params, self.temperature.log_temp, b["next_obs"], b["critic"], b["next_critic"],
+                b["actions"], noise, amp,
+            )
+
+        def target_branch(b, inputs):
+            return critic_target_distribution(
+                self.target_critic, self.target_critic.params, inputs, b["rewards"], b["dones"], b["truncated"], discount, amp
+            )
+
+        def online_branch(critic_params, inputs):
+            return critic_online_log_probs(self.critic, critic_params, inputs, amp)
+
+        inputs_fn, target_fn, online_fn = compile(bootstrap_inputs), compile(target_branch), compile(online_branch)
+        cross_entropy_fn = compile(functools.partial(critic_cross_entropy, amp_dtype=amp))
+        # Only a captured iteration gains from the second stream (its graph keeps both chains'
+        # kernels as parallel branches); compile mode's cudagraph trees and eager run in order.
+        side = torch.cuda.Stream(self.device) if self.cfg.learner_mode == "graph" else None
+
+        def loss(b: dict[str, torch.Tensor], noise: torch.Tensor) -> CriticOutputs:
+            inputs = inputs_fn(b, noise)
+            if side is None:
+                target_probs, target_stats = target_fn(b, inputs)
+                pred_log_probs_all, critic_stats = online_fn(self.critic.params, inputs)
+            else:
+                # Fork and join: everything the side stream reads was written before the fork,
+                # and the current stream reads its outputs only after the join. Its outputs come
+                # from its own allocator pool and are next reused by side-stream work, which is
+                # ordered after the next fork, i.e. after their last reader: no record_stream.
+                main = torch.cuda.current_stream(self.device)
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    target_probs, target_stats = target_fn(b, inputs)
+                pred_log_probs_all, critic_stats = online_fn(self.critic.params, inputs)
+                main.wait_stream(side)
+            return CriticOutputs(cross_entropy_fn(target_probs, pred_log_probs_all), critic_stats, target_stats)
+
+        return loss
 
     def _critic_apply(self, grad, loss, critic_stats, target_stats, polyak: bool) -> torch.Tensor:
         """Guarded critic step, target BN stats, Polyak; returns [loss, reward std, applied]."""

@@ -91,6 +91,92 @@ class CriticOutputs(NamedTuple):
     target_stats: torch.Tensor  # new BN statistics of the target critic
 
 
+class BootstrapInputs(NamedTuple):
+    """What both critics' forwards start from (no gradient flows through any of it)."""
+
+    obs_all: torch.Tensor  # critic observations [s, s'] (2B rows)
+    act_all: torch.Tensor  # actions [a, a'], a' ~ pi(s') (2B rows)
+    entropy_term: torch.Tensor  # alpha * log pi(a'|s') (B,)
+
+
+def critic_bootstrap_inputs(
+    actor: FlashSACActor,
+    actor_params: torch.Tensor,
+    log_temp: torch.Tensor,
+    obs_next: torch.Tensor,
+    critic_obs: torch.Tensor,
+    critic_obs_next: torch.Tensor,
+    actions: torch.Tensor,
+    next_noise: torch.Tensor,
+    amp_dtype: torch.dtype | None,
+) -> BootstrapInputs:
+    """The joint [s, s'] x [a, a'] rows and the entropy term of the bootstrap."""
+    obs_all = torch.cat([critic_obs, critic_obs_next], dim=0)
+    with torch.no_grad(), _autocast(actions, amp_dtype):
+        next_actions, next_log_prob, _ = actor(obs_next, next_noise, training=False, params=actor_params.detach())
+        entropy_term = torch.exp(log_temp).detach() * next_log_prob
+        act_all = torch.cat([actions, next_actions], dim=0)
+    return BootstrapInputs(obs_all, act_all, entropy_term.reshape(-1))
+
+
+def bootstrap_distribution(
+    support: torch.Tensor,
+    q_all: torch.Tensor,
+    log_probs_all: torch.Tensor,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    truncated: torch.Tensor,
+    entropy_term: torch.Tensor,
+    discount: float,
+) -> torch.Tensor:
+    """The projected target distribution from the target critic's [s', a'] rows (its second
+    half), per sample from the ensemble member with the smaller Q."""
+    batch = rewards.shape[0]
+    next_q, next_log_probs = q_all[:, batch:], log_probs_all[:, batch:]
+    member = next_q.argmin(dim=0)
+    chosen = torch.gather(next_log_probs, 0, member[None, :, None].expand(1, -1, next_log_probs.shape[-1]))[0]
+    bootstrap = torch.clamp(1.0 - dones + truncated, 0.0, 1.0)
+    return categorical_projection(support, chosen.exp(), rewards, bootstrap, entropy_term, discount)
+
+
+def critic_target_distribution(
+    target: FlashSACCritic,
+    target_params: torch.Tensor,
+    inputs: BootstrapInputs,
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    truncated: torch.Tensor,
+    discount: float,
+    amp_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target critic's training-mode forward on the joint rows and the projected
+    bootstrap distribution: (target probs (B, atoms), the target's new BN statistics)."""
+    with torch.no_grad(), _autocast(rewards, amp_dtype):
+        q_all, log_probs_all, target_stats = target(inputs.obs_all, inputs.act_all, training=True, params=target_params)
+        probs = bootstrap_distribution(target.support, q_all, log_probs_all, rewards, dones, truncated, inputs.entropy_term, discount)
+    assert target_stats is not None
+    return probs, target_stats
+
+
+def critic_online_log_probs(
+    critic: FlashSACCritic, critic_params: torch.Tensor, inputs: BootstrapInputs, amp_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online critic's training-mode forward on the joint rows: (atom log-probs
+    (members, 2B, atoms), its new BN statistics)."""
+    with _autocast(inputs.act_all, amp_dtype):
+        _, log_probs_all, critic_stats = critic(inputs.obs_all, inputs.act_all, training=True, params=critic_params)
+    assert critic_stats is not None
+    return log_probs_all, critic_stats
+
+
+def critic_cross_entropy(target_probs: torch.Tensor, pred_log_probs_all: torch.Tensor, amp_dtype: torch.dtype | None) -> torch.Tensor:
+    """Cross-entropy of every member's [s, a] prediction (the first half of the joint rows)
+    against the target distribution, averaged over members and samples."""
+    batch = target_probs.shape[0]
+    with _autocast(target_probs, amp_dtype):
+        return -(target_probs.unsqueeze(0) * pred_log_probs_all[:, :batch]).sum(dim=-1).mean()
+
+
 def critic_objective(
     actor: FlashSACActor,
     critic: FlashSACCritic,
@@ -117,41 +203,31 @@ def critic_objective(
     BN; the first half gives the prediction, the second half the bootstrap distribution
     (from the ensemble member with the smaller Q, per sample). ``stack_target``: both critics
     as one ensemble forward (``FlashSACCritic.forward_stacked``), the target half detached.
+    The pieces (bootstrap inputs, target distribution, online forward, cross-entropy) are
+    separate functions so that the learner can also run them as separate compile boundaries
+    (EngineOptions.critic_target_stream).
     """
-    batch = actions.shape[0]
-    amp = _autocast(actions, amp_dtype)
-    obs_all = torch.cat([critic_obs, critic_obs_next], dim=0)
-    with torch.no_grad(), amp:
-        next_actions, next_log_prob, _ = actor(obs_next, next_noise, training=False, params=actor_params.detach())
-        entropy_term = torch.exp(log_temp).detach() * next_log_prob
-        act_all = torch.cat([actions, next_actions], dim=0)
-
-    def bootstrap_distribution(q_all: torch.Tensor, log_probs_all: torch.Tensor) -> torch.Tensor:
-        # the second half of the target critic's rows: its [s', a'] predictions
-        next_q, next_log_probs = q_all[:, batch:], log_probs_all[:, batch:]
-        member = next_q.argmin(dim=0)
-        chosen = torch.gather(next_log_probs, 0, member[None, :, None].expand(1, -1, next_log_probs.shape[-1]))[0]
-        bootstrap = torch.clamp(1.0 - dones + truncated, 0.0, 1.0)
-        return categorical_projection(target.support, chosen.exp(), rewards, bootstrap, entropy_term.reshape(-1), discount)
-
+    inputs = critic_bootstrap_inputs(
+        actor, actor_params, log_temp, obs_next, critic_obs, critic_obs_next, actions, next_noise, amp_dtype
+    )
     if stack_target:
         n = critic.num_members
         with _autocast(actions, amp_dtype):
             q_both, log_probs_both, (critic_stats, target_stats) = critic.forward_stacked(
-                obs_all, act_all, (critic_params, target_params.detach()), (critic.bn_stats, target.bn_stats)
+                inputs.obs_all, inputs.act_all, (critic_params, target_params.detach()), (critic.bn_stats, target.bn_stats)
             )
         pred_log_probs_all, target_stats = log_probs_both[:n], target_stats.detach()
         with torch.no_grad(), _autocast(actions, amp_dtype):
-            target_probs = bootstrap_distribution(q_both[n:].detach(), log_probs_both[n:].detach())
+            target_probs = bootstrap_distribution(
+                target.support, q_both[n:].detach(), log_probs_both[n:].detach(), rewards, dones, truncated,
+                inputs.entropy_term, discount,
+            )
     else:  # UniLab's order: the target's forward and projection, then the online critic's forward
-        with torch.no_grad(), _autocast(actions, amp_dtype):
-            q_all, log_probs_all, target_stats = target(obs_all, act_all, training=True, params=target_params)
-            target_probs = bootstrap_distribution(q_all, log_probs_all)
-        with _autocast(actions, amp_dtype):
-            _, pred_log_probs_all, critic_stats = critic(obs_all, act_all, training=True, params=critic_params)
-    with _autocast(actions, amp_dtype):
-        loss = -(target_probs.unsqueeze(0) * pred_log_probs_all[:, :batch]).sum(dim=-1).mean()
-    assert critic_stats is not None and target_stats is not None
+        target_probs, target_stats = critic_target_distribution(
+            target, target_params, inputs, rewards, dones, truncated, discount, amp_dtype
+        )
+        pred_log_probs_all, critic_stats = critic_online_log_probs(critic, critic_params, inputs, amp_dtype)
+    loss = critic_cross_entropy(target_probs, pred_log_probs_all, amp_dtype)
     return CriticOutputs(loss, critic_stats, target_stats)
 
 

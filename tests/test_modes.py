@@ -1,5 +1,6 @@
 """learner_mode compile / graph: equality with eager, no recompiles, no host syncs, frozen critic."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -363,6 +364,43 @@ def test_stacked_target_critic_keeps_the_update_within_rounding_of_two_forwards(
         assert rel(stacked.critic.bn_stats, plain.critic.bn_stats) < 1e-5
 
 
+def test_critic_target_stream_runs_the_same_mathematics_as_one_critic_loss():
+    """critic_target_stream splits the critic loss into four functions (bootstrap inputs, target
+    branch, online branch, cross-entropy) for a second stream in graph mode; nothing else changes:
+    eager and aot_eager (the traced graphs op for op) are bit-identical to the plain learner's split
+    form, and the critic really ran the composed loss (its online forward is called by it)."""
+    data = batches(make("eager"), 3)
+    reference = make("eager")
+    ref_losses = train(reference, data)
+    for mode, extra in (("eager", {}), ("compile", {"compile_backend": "aot_eager", "fused_update": False}),
+                        ("compile", {"compile_backend": "aot_eager", "fused_update": True})):
+        torch._dynamo.reset()
+        plain = make(mode, **extra)
+        branched = make(mode, critic_target_stream=True, **extra)
+        calls = []
+        original = branched._critic_branched_loss
+        critic_update = branched.engine._networks["critic"]
+        branched.engine._networks["critic"] = dataclasses.replace(critic_update, compose_loss=lambda c: calls.append(1) or original(c))
+        lp, lb = train(plain, data), train(branched, data)
+        assert calls == [1], (mode, extra)  # built once, at the first batch
+        if mode == "eager":
+            assert torch.equal(lp, ref_losses)
+        # the fused form (torch.func) and the split form round the critic gradient differently;
+        # against the same form, the composed loss is exact
+        same_form = extra.get("fused_update") is not True
+        for name in ("actor", "critic", "target_critic"):
+            for attr in ("params", "bn_stats"):
+                a, b = getattr(getattr(branched, name), attr), getattr(getattr(plain, name), attr)
+                assert torch.equal(a, b) if same_form else rel(a, b) < 1e-2, (mode, extra, name, attr)
+        assert torch.equal(lb, lp) if same_form else rel(lb, lp) < 1e-5, (mode, extra)
+        names = branched.engine.compiled_names()
+        if mode == "compile":  # the critic runs the split form even where the actor is fused
+            assert "critic_loss" in names and "critic_apply" in names and "critic_step" not in names
+            assert ("actor_step" in names) == bool(extra["fused_update"])
+    with pytest.raises(ValueError, match="exclude each other"):
+        make("eager", critic_target_stream=True, stack_target_critic=True)
+
+
 def test_graph_mode_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
@@ -434,6 +472,13 @@ def _assert_tracks_eager(drift: dict, amp: bool) -> None:
             bound = max(bound, 2e-2)
         assert mode_drift <= bound, f"{name}: {mode_drift:.3e} vs rounding floor {floor:.3e}"
         assert mode_drift < (1e-2 if not amp else 1e-1), name
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_the_target_branch_on_a_second_stream_tracks_eager():
+    """critic_target_stream: the captured iteration forks the target branch onto a second stream
+    and joins it before the loss; a missing join would read half-written target distributions."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, critic_target_stream=True), True)
 
 
 @pytest.mark.gpu

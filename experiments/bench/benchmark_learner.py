@@ -10,14 +10,14 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _input_bn_chunks / _stacked / _triton_gemm:
+  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _input_bn_chunks / _stacked / _triton_gemm / _target_stream:
     graph mode with one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
     config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
     of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
     GEMM weights cast per matmul instead of once per network call, cooperative reductions,
     the critics' input BN statistics in chunks of 128 rows (input_bn_chunk_rows), the online and target
     critics as one ensemble forward (stack_target_critic), GEMMs autotuned among Triton templates
-    with prologue/epilogue fusion
+    with prologue/epilogue fusion, the critic's target branch on a second stream (critic_target_stream)
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -93,6 +93,10 @@ GRAPH_STUDIES = {
     # epilogue fusion (both on by default for templates): a BN apply + ReLU + bf16 cast may then be
     # read by the next GEMM instead of written and read again (issue 18's "GEMM epilogues")
     "ours_graph_triton_gemm": {"inductor_options": {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}},
+    # the critic's target branch (target forward + projection) on a second stream inside the
+    # captured iteration, beside the online critic's forward (critic_target_stream); the critic
+    # then runs the split form, so compare with ours_graph_split too (issue 18's "overlap")
+    "ours_graph_target_stream": {"critic_target_stream": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
