@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import signal
 from pathlib import Path
@@ -15,6 +16,33 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(ordered) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+# A training's JSON report (benchmark_flashsac_training.py) holds every iteration's row: 0.4-1.8 MB.
+# results/ keeps them gzip-compressed (`gzip -9n`, ~4x smaller): the whole working tree travels to
+# the GPU machine with every call, within 64 MiB. Readers take either form; a report is named by
+# its .json name either way, so summaries do not change when their inputs are compressed.
+TRAINING_REPORTS = ("training_*.json", "training_*.json.gz")
+
+
+def read_json(path: Path | str):
+    """A JSON file, plain or gzip-compressed (``.gz``)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
+
+
+def report_name(path: Path | str) -> str:
+    """A report's file name as summaries record it: without a compression suffix."""
+    return Path(path).name.removesuffix(".gz")
+
+
+def training_reports(folder: Path) -> list[Path]:
+    """The training JSON reports in ``folder``, plain or compressed, in name order (one per name)."""
+    found = {report_name(f): f for pattern in TRAINING_REPORTS for f in folder.glob(pattern)}
+    return [found[name] for name in sorted(found)]
 
 
 # Time to reward's window: a threshold counts as reached when the mean of Train/mean_reward over

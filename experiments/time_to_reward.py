@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
-from common import REWARD_WINDOW, moving_mean, percentile, write_report  # noqa: E402
+from common import REWARD_WINDOW, moving_mean, percentile, read_json, training_reports, write_report  # noqa: E402
 from device.trainings import run_tag  # noqa: E402
 from report import plotting  # noqa: E402
 from report.plot_time_reward import TAG, band  # noqa: E402
@@ -111,7 +111,7 @@ def gpu_sharing(report: dict, path: Path) -> str:
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
-    report = json.loads(path.read_text())
+    report = read_json(path)
     base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n"), "carrier": carrier(report),
             "gpu_sharing": gpu_sharing(report, path)}
     rows = reward_rows(report)
@@ -239,7 +239,7 @@ def plot(report: dict, path: Path) -> None:
 def training_files(paths: list[Path]) -> list[Path]:
     files = []
     for p in paths:
-        files += sorted(p.glob("training_*.json")) if p.is_dir() else [p]
+        files += training_reports(p) if p.is_dir() else [p]
     return files
 
 
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("summarize", help="per run and per configuration: start-up, timings, time to reward; JSON and figure")
-    s.add_argument("inputs", nargs="+", type=Path, help="training JSON files, or folders of training_*.json")
+    s.add_argument("inputs", nargs="+", type=Path, help="training JSON files (.json or .json.gz), or folders of them (training_*.json[.gz])")
     s.add_argument("--last", type=int, default=500, help="iterations at the end of each run the timings are taken over")
     s.add_argument("--output", type=Path, required=True)
     s.add_argument("--plot", type=Path)

@@ -15,6 +15,7 @@ The last tests feed the same checks wrong inputs, so each of them is known to be
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import math
 import operator
@@ -175,13 +176,17 @@ def matches_printed(value: float, printed: str) -> bool:
 
 @lru_cache(maxsize=None)
 def load_json(file: str):
-    return json.loads((REPO / file).read_text())
+    path = REPO / file
+    if path.suffix == ".gz":  # training reports are stored compressed (experiments/common.py, TRAINING_REPORTS)
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
 
 
 def check_row(row: Row) -> str | None:
     """None if the row's file, key and printed value agree; otherwise what is wrong."""
     path = REPO / row.file
-    if not row.file.startswith("results/") or path.suffix != ".json" or not path.is_file():
+    if not row.file.startswith("results/") or not row.file.endswith((".json", ".json.gz")) or not path.is_file():
         return f"{row.id}: {row.file!r} is not a JSON file under results/"
     try:
         value = evaluate(row.key, load_json(row.file))

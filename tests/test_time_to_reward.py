@@ -159,6 +159,26 @@ def test_a_seed_given_twice_in_one_configuration_is_refused_naming_the_files(tmp
     assert not (tmp_path / "out.json").exists()
 
 
+def test_a_compressed_training_report_summarizes_as_its_plain_form(tmp_path):
+    """results/ keeps training reports gzip-compressed (experiments/common.py): a folder of .json.gz
+    summarizes to the same records, file names included, as the same reports uncompressed; a name
+    present in both forms counts once."""
+    import gzip
+
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir(), packed.mkdir()
+    for seed in (1, 2, 3):
+        path = fake_run(plain, "flashsac_opt", seed, [0.0] * 30 + [40.0] * 30)
+        (packed / (path.name + ".gz")).write_bytes(gzip.compress(path.read_bytes()))
+    (packed / "training_u64_b256_flashsac_opt_graph_s1.json").write_bytes((plain / "training_u64_b256_flashsac_opt_graph_s1.json").read_bytes())
+    outs = {}
+    for name, folder in (("plain", plain), ("packed", packed)):
+        assert cli("summarize", str(folder), "--output", str(tmp_path / f"{name}.json")).returncode == 0
+        outs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert outs["packed"]["runs"] == outs["plain"]["runs"] and outs["packed"]["groups"] == outs["plain"]["groups"]
+    assert [r["file"] for r in outs["packed"]["runs"]] == [f"training_u64_b256_flashsac_opt_graph_s{s}.json" for s in (1, 2, 3)]
+
+
 def test_summarize_writes_the_json_schema_and_the_figure(tmp_path):
     files = [fake_run(tmp_path, "flashsac_opt", s, [0.0] * 30 + [40.0] * 30) for s in (1, 2, 3)]
     files.append(fake_run(tmp_path, "unilab", 1, [5.0] * 60, stopped=True))

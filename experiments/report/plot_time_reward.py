@@ -15,7 +15,6 @@ from a run directory, from the run's first logged scalar. A group may not mix th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
-from common import write_report  # noqa: E402
+from common import read_json, write_report  # noqa: E402
 from report import plotting  # noqa: E402
 
 TAG = "Train/mean_reward"
@@ -33,7 +32,7 @@ def reward_curve(source: Path) -> tuple[np.ndarray, np.ndarray, str]:
     """(seconds, reward, where the seconds start) for a training JSON or a run directory."""
     if source.is_dir():
         return (*events_curve(source), "first logged scalar")
-    report = json.loads(source.read_text())
+    report = read_json(source)
     rows = [r for r in report.get("rows_all", []) if "wall_s" in r and "reward" in r]
     if rows:
         return np.array([r["wall_s"] for r in rows]), np.array([r["reward"] for r in rows]), "launch"

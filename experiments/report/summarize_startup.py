@@ -70,10 +70,20 @@ def phases(timeline: dict) -> dict[str, float]:
     return out
 
 
+def read_json(path: str) -> dict:
+    """A training JSON, plain or gzip-compressed (results/ keeps them compressed: common.read_json)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
+    from common import read_json as read
+
+    return read(path)
+
+
 def summarize_run(training: str, archive: str | None, member: str | None) -> dict:
     row: dict = {"training_json": None if training == "-" else training}
     if training != "-":
-        data = json.loads(Path(training).read_text())
+        data = read_json(training)
         first = data["rows_all"][0]
         row.update(
             first_update_s=first["wall_s"],

@@ -19,12 +19,11 @@ a markdown table; with --plot, a bar chart of learner ms per configuration.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
-from common import write_report  # noqa: E402
+from common import read_json, report_name, write_report  # noqa: E402
 from report import plotting  # noqa: E402
 
 REFERENCE = ("unilab", "graph")  # stock UniLab's default learner
@@ -41,7 +40,7 @@ def gpus_of(report: dict) -> int:
 
 
 def summarize_run(path: Path) -> dict:
-    report = json.loads(path.read_text())
+    report = read_json(path)
     if report.get("experiment") != "benchmark_flashsac_training":
         raise ValueError(f"{path}: not a benchmark_flashsac_training.py report")
     cfg = report["training_config"]
@@ -53,7 +52,7 @@ def summarize_run(path: Path) -> dict:
     last_iteration = rows_all[-1].get("iteration", len(rows_all)) if rows_all else 0
     completed = report.get("completed", report["stopped_by_time_limit"] or last_iteration >= cfg["iterations"])
     return {
-        "file": path.name,
+        "file": report_name(path),
         "updates_per_step": cfg["updates_per_step"], "batch_size": cfg["batch_size"], "num_envs": cfg["num_envs"],
         "learner": report["learner"], "mode": report["mode"], "seed": cfg["seed"], "gpus": gpus_of(report),
         # flashsac_opt data parallel: every rank's end state equal (None: one GPU, or stock UniLab)
