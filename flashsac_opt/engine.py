@@ -85,17 +85,19 @@ class NetworkUpdate:
     ``loss(batch, noise)``: a NamedTuple whose first field is the loss (then statistics the
     step needs); ``apply(grad, *loss_outputs, *args)``: the step; returns the metric values.
     ``params``: what the split form differentiates the loss by.
-    ``compose_loss(compile)``: where set, the split form's loss is what it returns, built of
-    several functions each passed through ``compile`` (the engine's: a compile boundary, or the
-    function itself where nothing is compiled), e.g. to run parts of the loss on another CUDA
-    stream; such a network always runs the split form.
+    ``compose_loss(compile, stream)``: where set, the split form's loss is what it returns, built
+    of several functions each passed through ``compile`` (the engine's: a compile boundary, or the
+    function itself where nothing is compiled); ``stream`` is a second CUDA stream where the
+    iteration is captured (graph mode), for independent parts of the loss, else None (eager, and
+    compile mode, whose cudagraph trees replay on one stream). Such a network always runs the
+    split form.
     """
 
     params: torch.Tensor
     step: Callable[..., torch.Tensor]
     loss: Callable[..., NamedTuple]
     apply: Callable[..., torch.Tensor]
-    compose_loss: Callable[[Callable[[Callable], Callable]], Callable[..., NamedTuple]] | None = None
+    compose_loss: Callable[[Callable[[Callable], Callable], "torch.cuda.Stream | None"], Callable[..., NamedTuple]] | None = None
 
 
 # iteration(batch, schedule, updates): the whole iteration's device work, where
@@ -309,7 +311,10 @@ class Engine:
                     return step(batch, noise, *args)
 
             return fused
-        loss_fn = net.compose_loss(self._compile) if net.compose_loss is not None else self._compile(net.loss)
+        if net.compose_loss is not None:
+            loss_fn = net.compose_loss(self._compile, torch.cuda.Stream(self.device) if self._graph is not None else None)
+        else:
+            loss_fn = self._compile(net.loss)
         apply_fn, reduce = self._compile(net.apply), self._reduce
 
         def split(batch, noise, *args):

@@ -340,10 +340,14 @@ class FlashSACLearner:
             stack_target=self.cfg.stack_target_critic,
         )
 
-    def _critic_branched_loss(self, compile: Callable[[Callable], Callable]) -> Callable[[dict, torch.Tensor], CriticOutputs]:
-        """The critic loss of ``_critic_loss`` as four compile boundaries; in graph mode the
-        target branch (the target critic's forward and the projection) runs on a second stream
-        while the online critic's forward runs on the current one (EngineOptions.critic_target_stream)."""
+    def _critic_branched_loss(
+        self, compile: Callable[[Callable], Callable], side: torch.cuda.Stream | None
+    ) -> Callable[[dict, torch.Tensor], CriticOutputs]:
+        """The critic loss of ``_critic_loss`` as four compile boundaries. Given a second stream
+        (the engine gives one where the iteration is captured: its graph keeps both chains'
+        kernels as parallel branches), the target branch (the target critic's forward and the
+        projection) runs on it while the online critic's forward runs on the current one
+        (EngineOptions.critic_target_stream); without, they run in order."""
         amp, discount = self.amp_dtype, self.discount
 
         def bootstrap_inputs(b, noise):
@@ -362,9 +366,6 @@ class FlashSACLearner:
 
         inputs_fn, target_fn, online_fn = compile(bootstrap_inputs), compile(target_branch), compile(online_branch)
         cross_entropy_fn = compile(functools.partial(critic_cross_entropy, amp_dtype=amp))
-        # Only a captured iteration gains from the second stream (its graph keeps both chains'
-        # kernels as parallel branches); compile mode's cudagraph trees and eager run in order.
-        side = torch.cuda.Stream(self.device) if self.cfg.learner_mode == "graph" else None
 
         def loss(b: dict[str, torch.Tensor], noise: torch.Tensor) -> CriticOutputs:
             inputs = inputs_fn(b, noise)
