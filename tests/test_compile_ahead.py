@@ -398,9 +398,9 @@ from flashsac_opt.learner import FlashSACLearner
 device = sys.argv[1]
 if device == "cuda":  # W1's shapes, graph mode
     cfg, dims = FlashSACConfig(batch_size=256, updates_per_step=2, learner_mode="graph"), (98, 101, 29)
-else:  # small networks: Inductor's CPU compile takes minutes on two cores otherwise
+else:  # small networks, one block each: Inductor's CPU compile (C++ per kernel) takes minutes on two cores otherwise
     cfg = FlashSACConfig(batch_size=16, updates_per_step=2, actor_hidden_dim=16, critic_hidden_dim=16, num_atoms=11,
-                         learner_mode="compile")
+                         actor_num_blocks=1, critic_num_blocks=1, learner_mode="compile")
     dims = (6, 7, 3)
 ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device)
 ok = ahead.wait()

@@ -143,15 +143,17 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
         "benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--mode", "eager",
         "--num-envs", "16", "--batch-size", "32", "--iterations", "100000", "--summary-last", "3",
         "--learning-starts", "2", "--replay-buffer-n", "8", "--log-root", str(tmp_path / "logs"), "--output", str(out),
-        "--time-limit", "75", "--stack-samples", "0.5",
+        "--time-limit", "55", "--stack-samples", "0.5",
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["stopped_by_time_limit"] and "--time-limit 75 s reached" in done.stderr
+    assert report["stopped_by_time_limit"] and "--time-limit 55 s reached" in done.stderr
     assert report["iterations_logged"] == len(report["rows_all"]) < 100000
     assert len(report["rows"]) == 3 and len(report["rows_all"]) >= 3
     walls = [r["wall_s"] for r in report["rows_all"]]
-    assert 0 < walls[0] and walls == sorted(walls) and walls[-1] < 75  # from launch, within the time limit
+    # (on two cores: the first iteration ~35 s after launch, ~5 iterations a second after it)
+    print(f"first logged iteration at {walls[0]:.1f} s, {len(walls)} iterations logged")
+    assert 0 < walls[0] and walls == sorted(walls) and walls[-1] < 55  # from launch, within the time limit
     for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms", "inference_ms", "collector_update_state_ms"):
         assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
     assert "inference_ms" in report["rows"][-1]  # per row too
