@@ -22,8 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+from common import read_json  # noqa: E402
 
 CHILD = re.compile(r"compile-ahead child done in (?P<child>[\d.]+) s; the first update waited (?P<waited>[\d.]+) s")
 STOPPED = re.compile(r"--time-limit (?P<limit>[\d.]+) s reached")
@@ -70,16 +74,6 @@ def phases(timeline: dict) -> dict[str, float]:
     return out
 
 
-def read_json(path: str) -> dict:
-    """A training JSON, plain or gzip-compressed (results/ keeps them compressed: common.read_json)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
-    from common import read_json as read
-
-    return read(path)
-
-
 def summarize_run(training: str, archive: str | None, member: str | None) -> dict:
     row: dict = {"training_json": None if training == "-" else training}
     if training != "-":
@@ -116,9 +110,6 @@ def summarize_run(training: str, archive: str | None, member: str | None) -> dic
 def plot(runs: dict, path: Path) -> None:
     """One bar per run that logged a first update: its phases stacked where the timeline has
     them, else one grey bar (a stock run: no milestones)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: report.plotting
     from report import plotting
 
     shown = {n: r for n, r in runs.items() if r.get("first_update_s") is not None}
