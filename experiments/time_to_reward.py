@@ -112,7 +112,7 @@ def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
     report = read_json(path)
-    base = {**summarize_run(path), "replay_buffer_n": report["training_config"].get("replay_buffer_n"), "carrier": carrier(report),
+    base = {**summarize_run(path, report), "replay_buffer_n": report["training_config"].get("replay_buffer_n"), "carrier": carrier(report),
             "gpu_sharing": gpu_sharing(report, path)}
     rows = reward_rows(report)
     env = report.get("environment", {})

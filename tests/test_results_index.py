@@ -15,11 +15,10 @@ The last tests feed the same checks wrong inputs, so each of them is known to be
 from __future__ import annotations
 
 import ast
-import gzip
-import json
 import math
 import operator
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +26,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+from common import read_json  # noqa: E402  (plain or .json.gz, as the experiments read their reports)
+
 INDEX = REPO / "results" / "INDEX.md"
 DOCS = {"README": REPO / "README.md", "report": REPO / "FLASH_SAC_OPTIMIZATION.md"}
 SUMMARY = REPO / "results" / "trainings" / "summary.md"
@@ -176,11 +178,7 @@ def matches_printed(value: float, printed: str) -> bool:
 
 @lru_cache(maxsize=None)
 def load_json(file: str):
-    path = REPO / file
-    if path.suffix == ".gz":  # training reports are stored compressed (experiments/common.py, TRAINING_REPORTS)
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    return json.loads(path.read_text())
+    return read_json(REPO / file)
 
 
 def check_row(row: Row) -> str | None:

@@ -39,8 +39,9 @@ def gpus_of(report: dict) -> int:
     return len(visible) if env.get("device") == "cuda" and visible else 1
 
 
-def summarize_run(path: Path) -> dict:
-    report = read_json(path)
+def summarize_run(path: Path, report: dict | None = None) -> dict:
+    """One training report's row; ``report``: its content where the caller has read it already."""
+    report = read_json(path) if report is None else report
     if report.get("experiment") != "benchmark_flashsac_training":
         raise ValueError(f"{path}: not a benchmark_flashsac_training.py report")
     cfg = report["training_config"]
