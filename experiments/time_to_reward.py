@@ -236,6 +236,31 @@ def plot(report: dict, path: Path) -> None:
     plotting.save(fig, path)
 
 
+def markdown_table(report: dict) -> str:
+    """The groups as a Markdown table (a results README's matrix): per configuration the medians
+    over seeds, how many seeds reached each threshold, the range of the seeds' best moving means
+    and the seeds a time limit cut short of the highest threshold (their "not reached" is a bound)."""
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    runs = {r["file"]: r for r in report["runs"]}
+    head = ["configuration", "seeds", "launch -> first update (s)", "learner (ms)", "iteration (ms)",
+            *(f"launch -> reward {t:g} (s)" for t in report["thresholds"]), "best moving mean", "cut by a time limit"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in report["groups"]:
+        m, members = g["median"], [runs[f] for f in g["files"]]
+        reach = [f"{fmt(m[f'time_to_reward_{t:g}_s'], '.1f')} ({g['reached'][f'{t:g}']} of {g['count']})" for t in report["thresholds"]]
+        best = [r["reward_moving_mean_max"] for r in members if r["reward_moving_mean_max"] is not None]
+        # cut before its last planned iteration and before the highest threshold: its "not
+        # reached" says only that the call's time ran out
+        cut = [f"s{r['seed']} at {r['iterations_logged']} ({fmt(r['wall_s_last'], '.0f')} s)" for r in members
+               if r["stopped_by_time_limit"] and r["iterations_logged"] < (r["iterations_planned"] or 0)
+               and r["time_to_reward"][f"{max(report['thresholds']):g}"] is None]
+        cells = [g["label"] + ("" if g["enough_seeds"] else " (too few seeds)"), ", ".join(map(str, g["seeds"])),
+                 fmt(m["first_update_s"], ".1f"), fmt(m["learner_ms"], ".2f"), fmt(m["iteration_ms"], ".1f"), *reach,
+                 f"{min(best):.1f}-{max(best):.1f}" if best else "-", ", ".join(cut) or "none"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def training_files(paths: list[Path]) -> list[Path]:
     files = []
     for p in paths:
@@ -272,6 +297,8 @@ def summarize_main(args, parser) -> int:
         "groups": groups, "runs": runs, "skipped": skipped,
     }
     write_report(report, args.output, plot if args.plot else None, args.plot)
+    if args.markdown:
+        args.markdown.write_text(markdown_table(report))
     for g in groups:
         m = g["median"]
         reach = ", ".join(
@@ -363,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--last", type=int, default=500, help="iterations at the end of each run the timings are taken over")
     s.add_argument("--output", type=Path, required=True)
     s.add_argument("--plot", type=Path)
+    s.add_argument("--markdown", type=Path, help="also write the groups as a Markdown table (medians over seeds, seeds reached, runs cut)")
     p = sub.add_parser("plan", help="the device calls of the run matrix, in order")
     p.add_argument("--toml", action="store_true", help="print the runs.toml entries instead")
     args = parser.parse_args(argv)

@@ -183,8 +183,18 @@ def test_summarize_writes_the_json_schema_and_the_figure(tmp_path):
     files = [fake_run(tmp_path, "flashsac_opt", s, [0.0] * 30 + [40.0] * 30) for s in (1, 2, 3)]
     files.append(fake_run(tmp_path, "unilab", 1, [5.0] * 60, stopped=True))
     out, fig = tmp_path / "out" / "ttr.json", tmp_path / "out" / "ttr.png"
-    done = cli("summarize", *map(str, files), "--last", "10", "--output", str(out), "--plot", str(fig))
+    table = tmp_path / "out" / "ttr.md"
+    done = cli("summarize", *map(str, files), "--last", "10", "--output", str(out), "--plot", str(fig), "--markdown", str(table))
     assert done.returncode == 0, done.stderr
+    # the table: a header, its rule and one row per configuration, stock first; the cut stock seed
+    # is named with the iterations it got, the patched seeds' climb reached both thresholds
+    lines = table.read_text().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| configuration | seeds |") and set(lines[1]) == {"|", "-"}
+    stock, patched = lines[2], lines[3]
+    assert stock.startswith("| stock UniLab graph, U64") and "(too few seeds)" in stock and "| - (0 of 1) |" in stock
+    assert stock.endswith("| 5.0-5.0 | s1 at 60 (120 s) |")  # its last row at 91 s + 59 x 0.5 s = 120.5 s
+    assert patched.startswith("| patched (flashsac_opt) graph, U64") and "| 1, 2, 3 |" in patched and "(3 of 3)" in patched
+    assert patched.endswith("| none |") and "too few" not in patched
     report = json.loads(out.read_text())
     assert report["experiment"] == "time_to_reward" and report["window"] == 20 and report["thresholds"] == [20.0, 30.0]
     assert report["summarizes"] == [str(f) for f in files] and report["command"].startswith("python ")
