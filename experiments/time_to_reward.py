@@ -199,7 +199,8 @@ def label(g: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    """Reward (moving mean) against the wall clock, one colour per configuration. Left: since
+    """Reward (moving mean) against the wall clock, one colour per training setting (updates,
+    batch, envs, replay, carrier, GPU sharing), stock dashed and patched solid. Left: since
     launch, each seed its own line (start-up included; cold and warm starts differ by a minute,
     so seeds hardly overlap there and a band would be one run). Right: since each run's first
     update, the mean where all seeds run and the min-max band over them (plot_time_reward's
@@ -208,21 +209,23 @@ def plot(report: dict, path: Path) -> None:
 
     fig, (launch_ax, update_ax) = plotting.subplots(1, 2, figsize=(16, 7), sharey=True)
     runs = {r["file"]: r for r in report["runs"]}
-    colors = matplotlib.colormaps["tab20"].colors  # the default cycle (tab10) repeats past ten configurations
-    for i, g in enumerate(report["groups"]):
+    colors = matplotlib.colormaps["tab10"].colors
+    settings = list(dict.fromkeys(tuple(g[k] for k in GROUP_KEY if k not in ("learner", "mode")) for g in report["groups"]))
+    for g in report["groups"]:
         curves = [(np.array(runs[f]["curve"]["wall_s"]), np.array(runs[f]["curve"]["reward_moving_mean"])) for f in g["files"]]
         curves = [c for c in curves if len(c[0])]
         if not curves:
             continue
-        color = colors[(2 * i) % 20 + (i // 10) % 2]  # tab20's strong colours first (its pairs are near in hue)
+        i = settings.index(tuple(g[k] for k in GROUP_KEY if k not in ("learner", "mode")))
+        color, style = colors[i % 10], "--" if g["learner"] == "unilab" else "-"
         name = f"{g['label']} ({g['count']} seed{'s' if g['count'] != 1 else ''}{'' if g['enough_seeds'] else ', too few'})"
         for k, (t, r) in enumerate(curves):
-            launch_ax.plot(t, r, color=color, linewidth=1.0, label=name if k == 0 else None)
+            launch_ax.plot(t, r, color=color, linestyle=style, linewidth=1.0, label=name if k == 0 else None)
         since = [(t - t[0], r) for t, r in curves]
         b = band(since, 200)
-        plotting.line_with_band(update_ax, b["grid_s"], b["mean"], b["min"], b["max"], name, color=color)
+        plotting.line_with_band(update_ax, b["grid_s"], b["mean"], b["min"], b["max"], name, color=color, linestyle=style)
         for t, r in since:
-            update_ax.plot(t, r, color=color, linewidth=0.6, alpha=0.5)
+            update_ax.plot(t, r, color=color, linestyle=style, linewidth=0.6, alpha=0.5)
     for ax in (launch_ax, update_ax):
         for t in THRESHOLDS:
             ax.axhline(t, color="grey", linestyle=":", linewidth=0.8)

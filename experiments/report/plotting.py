@@ -57,9 +57,9 @@ def drift_panel(ax, drift: dict, runs: Sequence[tuple[str, str]], reference: str
     finish_axis(ax, "iteration", f"||params - {reference}|| / ||{reference}||", title, log=True)
 
 
-def line_with_band(ax, x, mean, low, high, label: str, color=None) -> str:
+def line_with_band(ax, x, mean, low, high, label: str, color=None, linestyle="-") -> str:
     """A mean line and its min/max band in the same colour; returns the colour."""
-    line = ax.plot(x, mean, color=color, label=label)[0]
+    line = ax.plot(x, mean, color=color, label=label, linestyle=linestyle)[0]
     ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
     return line.get_color()
 
