@@ -334,3 +334,29 @@ def test_each_unilab_copy_builds_its_extension_in_a_folder_of_its_own(tmp_path, 
         assert trainings.prebuild_native_extension(tmp_path / name)[0] == "unavailable"
     assert [env["TORCH_EXTENSIONS_DIR"] for env in seen] == [str(tmp_path / "stock" / "torch_extensions"), str(tmp_path / "patched" / "torch_extensions")]
     assert trainings.copy_env({"A": "1"}, tmp_path / "stock") == {"A": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "stock" / "torch_extensions")}
+
+
+def test_trainings_runs_every_training_and_exits_non_zero_naming_those_that_failed(tmp_path, monkeypatch, capsys):
+    """A training that fails (stock's cold compile used its whole share: rc 2, no JSON) does not
+    stop the others, and the call's exit status and last line name it (it said 0 before)."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("trainings", REPO / "experiments" / "device" / "trainings.py")
+    trainings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainings)
+    monkeypatch.setattr(trainings, "prepare_copies", lambda copies, rehearsal: (copies / "stock", copies / "patched"))
+    started = []
+
+    def fake_run(cmd, **kwargs):
+        started.append(cmd[cmd.index("--seed") + 1])
+        return types.SimpleNamespace(returncode=2 if started[-1] == "1" else 0)
+
+    monkeypatch.setattr(trainings.subprocess, "run", fake_run)
+    argv = ["--updates", "8", "--no-eval", "--time-limit", "580", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+            "unilab:graph:1", "unilab:graph:2", "unilab:graph:3"]
+    assert trainings.main(argv) == 1 and started == ["1", "2", "3"]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "== trainings: 1 of 3 failed: training_u8_b256_unilab_graph_s1 (rc=2)"
+    monkeypatch.setattr(trainings.subprocess, "run", lambda cmd, **kwargs: types.SimpleNamespace(returncode=0))
+    assert trainings.main(argv) == 0

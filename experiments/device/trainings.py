@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)  # the training script puts its UniLab copy and the repository first on the path
     last_ours = None
+    failed: list[str] = []  # trainings that exited non-zero: the call's exit status says so
     planned = 0.0  # a dry run's clock: the shares of the runs before, as if each used all of it
     for i, r in enumerate(runs):
         n = len(runs) - i
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                 rc = "killed at its limit + 90 s"
         lines = [line for line in log.read_text(errors="replace").splitlines() if not line.startswith(("│", "╭", "╰", "├", "┃"))]
         keep = 6 if rc == 0 else 150  # a failed run shows its whole traceback (HYDRA_FULL_ERROR)
+        if rc != 0:
+            failed.append(f"{name} (rc={rc})")
         print(f"== {name}: rc={rc}, limit {share} s, {args.time_limit - (deadline - time.monotonic()):.0f} s into the run", flush=True)
         print("\n".join(lines[-keep:]), flush=True)
         if os.environ.get("TORCH_LOGS"):  # keep what Dynamo and the cudagraph trees said
@@ -260,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             last_ours = (logs, tag)
     if last_ours and not args.no_eval:
         stock_eval(last_ours, stock, args, deadline, env)
+    if failed:
+        # e.g. a cold stock start that used its whole share before a first update (rc 2, no JSON)
+        print(f"== trainings: {len(failed)} of {len(runs)} failed: {', '.join(failed)}", flush=True)
+        return 1
     return 0
 
 
