@@ -203,6 +203,45 @@ def test_jobs_run_side_by_side_each_on_its_gpu_and_own_cores(tmp_path):
         ["a/a.log", "a/made.json", "b/b.log", "b/made.json", "runs.json"]
 
 
+CACHE_STAND_IN = """
+import json, os, sys
+cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+marker = os.path.join(cache, "kernel.bin")
+warm = os.path.exists(marker)
+os.makedirs(cache, exist_ok=True)
+open(marker, "w").write("compiled")
+open(os.path.join(sys.argv[1], "made.json"), "w").write(json.dumps({"cache": cache, "warm": warm}))
+"""
+
+
+def test_a_named_cache_outlives_its_run_and_cold_cache_empties_it_first(tmp_path):
+    """Calls on one warm machine share WORK: a run naming a cache finds what an earlier run
+    naming it compiled, in the same call or a later one; cold_cache empties it first."""
+    script = tmp_path / "cache_stand_in.py"
+    script.write_text(CACHE_STAND_IN)
+    run = f'script = "{script}"\nargs = ["{{out}}"]\nlimit = 30\noutputs = ["made.json"]\ncache = "g1_stock"\n'
+    matrix = tmp_path / "runs.toml"
+    matrix.write_text(f"[runs.fill]\n{run}cold_cache = true\n[runs.reuse]\n{run}[runs.own]\n"
+                      f'script = "{script}"\nargs = ["{{out}}"]\nlimit = 30\noutputs = ["made.json"]\ncold_cache = true\n')
+    seen = []
+    for call, name in enumerate(["reuse", "fill", "reuse", "own", "fill"]):  # five calls, one warm machine
+        out = tmp_path / f"out{call}"
+        done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", name, env={"OUT": str(out)})
+        assert done.returncode == 0, done.stdout + done.stderr
+        made = json.loads((out / "made.json").read_text())
+        record = json.loads((out / "runs.json").read_text())["runs"][0]
+        seen.append((made["warm"], record.get("cache_files_at_start")))
+        shared = str(tmp_path / "work" / "caches" / "g1_stock")
+        assert made["cache"] == (str(tmp_path / "work" / "own" / "inductor_cache") if name == "own" else shared)
+    # reuse before anything filled it: cold; fill: emptied, cold; reuse: warm; own: its own
+    # fresh cache, the named one untouched; fill again: emptied
+    assert seen == [(False, 0), (False, 0), (True, 1), (False, None), (False, 0)]
+    with pytest.raises(ValueError, match="not a plain folder name"):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(f'[runs.x]\nscript = "{script}"\ncache = "../elsewhere"\n')
+        driver.load_matrix(bad)
+
+
 def test_a_run_needing_more_gpus_than_found_is_skipped(tmp_path):
     matrix = _stand_in_matrix(tmp_path, sleep=0, limit=30)
     out = tmp_path / "out"

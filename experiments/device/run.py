@@ -67,6 +67,9 @@ class Run:
     wheels: str = "none"
     env: dict[str, str] = field(default_factory=dict)
     cold_cache: bool = False
+    # a named Inductor cache (WORK/caches/NAME) that outlives the run: a later run naming it, in
+    # this call or the next on the same warm machine, starts warm (with cold_cache: emptied first)
+    cache: str = ""
     gpus: int = 1
     outputs: list[str] = field(default_factory=list)
     pack: bool = False
@@ -102,6 +105,8 @@ def load_matrix(path: Path = MATRIX) -> Matrix:
             raise ValueError(f"run {name}: needs exactly one of script, module, pytest, jobs (has {kinds or 'none'})")
         if run.wheels != "none" and run.wheels not in wheels:
             raise ValueError(f"run {name}: wheels {run.wheels!r} is not a [wheels.*] set")
+        if run.cache and not FILE_NAME.match(run.cache):
+            raise ValueError(f"run {name}: cache {run.cache!r} is not a plain folder name (letters, digits, . _ -)")
         if set(run.env) & set(FIXED_ENV):
             raise ValueError(f"run {name}: env may not override {sorted(set(run.env) & set(FIXED_ENV))}")
         for out in run.returned():
@@ -258,10 +263,15 @@ def command(run: Run, out: Path, work: Path, limit: int) -> list[str]:
     return [sys.executable, *head, *(substitute(a, out, work, limit) for a in run.args)]
 
 
+def named_cache(run: Run, work: Path) -> Path | None:
+    """The run's named cache folder (beside the runs' work folders), or None."""
+    return work.parent / "caches" / run.cache if run.cache else None
+
+
 def run_env(run: Run, work: Path) -> dict[str, str]:
     """The variables a run gets on top of the inherited environment (work: its scratch folder,
     beside the shared Inductor cache and the installed wheels)."""
-    cache = work / "inductor_cache" if run.cold_cache else work.parent / "inductor_cache"
+    cache = named_cache(run, work) or (work / "inductor_cache" if run.cold_cache else work.parent / "inductor_cache")
     path = ([str(work.parent / "site")] if run.wheels != "none" else []) + [str(REPO)]
     return {
         **FIXED_ENV,
@@ -398,6 +408,11 @@ class Call:
             if work.exists():
                 shutil.rmtree(work)
             (work / "raw").mkdir(parents=True)
+            named = named_cache(run, work)
+            if named is not None and run.cold_cache and named.exists():
+                shutil.rmtree(named)
+            if named is not None:
+                entry["cache_files_at_start"] = sum(1 for p in named.rglob("*") if p.is_file()) if named.exists() else 0
             env = run_env(run, work)
             if self.job_note:
                 env["FLASHSAC_RUN_NOTE"] = self.job_note
