@@ -54,6 +54,28 @@ def test_benchmark_prewarm_runs_one_process_per_cell_with_the_options_passed_on(
         assert row["rc"] == 2 and "needs a CUDA device" in row["error"] and "cold_start_s" not in row, row
 
 
+def test_every_graph_study_changes_an_inductor_option_or_a_config_field_that_exists():
+    """A misspelt study would be refused only on the device, after its prewarm (Inductor rejects an
+    unknown option): each study's options must be Inductor config keys of this torch, its other
+    keys fields of the learner's config, and each study must change something."""
+    import dataclasses
+
+    import torch._inductor.config as inductor_config
+
+    from flashsac_opt.config import FlashSACConfig
+
+    studies = load("bench/benchmark_learner.py").GRAPH_STUDIES
+    fields = {f.name for f in dataclasses.fields(FlashSACConfig)}
+    known = set(inductor_config.get_config_copy())
+    assert "ours_graph_pdl" in studies
+    for name, change in studies.items():
+        change = dict(change)
+        options = change.pop("inductor_options", {})
+        assert options or change, name
+        assert set(options) <= known, (name, set(options) - known)
+        assert set(change) <= fields, (name, set(change) - fields)
+
+
 def test_benchmark_prewarm_stops_a_process_past_its_timeout_and_says_so():
     """--prewarm-timeout: a compile still running is stopped (a Triton-template autotune can
     outlast a device call), its row marked, and the process returns at once."""
