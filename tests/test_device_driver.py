@@ -236,9 +236,9 @@ def test_a_named_cache_outlives_its_run_and_cold_cache_empties_it_first(tmp_path
     # reuse before anything filled it: cold; fill: emptied, cold; reuse: warm; own: its own
     # fresh cache, the named one untouched; fill again: emptied
     assert seen == [(False, 0), (False, 0), (True, 1), (False, None), (False, 0)]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[runs.x]\nscript = "{script}"\ncache = "../elsewhere"\n')
     with pytest.raises(ValueError, match="not a plain folder name"):
-        bad = tmp_path / "bad.toml"
-        bad.write_text(f'[runs.x]\nscript = "{script}"\ncache = "../elsewhere"\n')
         driver.load_matrix(bad)
 
 
