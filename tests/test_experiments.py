@@ -175,7 +175,9 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     walls = [r["wall_s"] for r in report["rows_all"]]
     # (on two cores: the first iteration ~35 s after launch, ~5 iterations a second after it)
     print(f"first logged iteration at {walls[0]:.1f} s, {len(walls)} iterations logged")
-    assert 0 < walls[0] and walls == sorted(walls) and walls[-1] < 55  # from launch, within the time limit
+    # from launch, within the time limit: the iteration in flight when the limit's SIGINT lands is
+    # still logged (one CI run logged its last at 55.0009 s), hence the few seconds of slack
+    assert 0 < walls[0] and walls == sorted(walls) and walls[-1] < 55 + 5
     for key in ("learner_train_ms", "collector_cycle_ms", "iter_ms", "inference_ms", "collector_update_state_ms"):
         assert set(report[key]) >= {"mean", "median", "p90", "p95"} and report[key]["median"] > 0, key
     assert "inference_ms" in report["rows"][-1]  # per row too
