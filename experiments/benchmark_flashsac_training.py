@@ -20,7 +20,8 @@ reads the run's TensorBoard events and writes JSON:
 
 `--time-limit SECONDS` interrupts the training as Ctrl-C would (UniLab shuts down cleanly and
 keeps its events) and summarizes the iterations logged so far, at most their second half
-(`stopped_by_time_limit`, `iterations_logged` in the JSON); `--save-interval N` checkpoints
+(`stopped_by_time_limit`, `iterations_logged` in the JSON; a run stopped before its first
+update still writes its JSON, with no rows, and exits 2); `--save-interval N` checkpoints
 every N iterations so a stopped run still leaves one. `--stop-at-reward R` interrupts it the
 same way once the 20-iteration moving mean of Train/mean_reward reaches R (time to reward needs
 nothing after that; `stopped_at_reward` in the JSON): the events are polled every few seconds,
@@ -386,10 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     returncode, stop_reason = run_training(command, env, log_root, args.time_limit, watch)
     stopped = stop_reason == "time_limit"
     runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
-    if (returncode != 0 and stop_reason is None) or not runs:
+    if (returncode != 0 and stop_reason is None) or (not runs and not stopped):
         fail(f"UniLab training did not produce TensorBoard events under {log_root} (exit status {returncode})")
-    run_dir = runs[-1].parent
-    rows_all = read_rows(run_dir, launched)
+    # no events yet: the time limit came during UniLab's own start (reported below as no rows)
+    run_dir = runs[-1].parent if runs else None
+    rows_all = read_rows(run_dir, launched) if run_dir is not None else []
     timeline = startup_timeline(events, launched)
     stack_report = None
     if args.stack_samples:  # where each process was until the first update (all of it when there was none)
@@ -399,11 +401,17 @@ def main(argv: list[str] | None = None) -> int:
             for proc in stack_report:
                 print(f"stack samples, process started at {proc['started_s']} s ({proc['cmd'][:80]}): "
                       + "; ".join(f"{w} {s} s" for w, s in proc["seconds_by_where"][:6]), file=sys.stderr)
-    if not rows_all:
-        fail(f"UniLab training logged no learner iteration under {run_dir} (stopped by the time limit: {stopped}); "
-             f"start-up since launch: {describe_timeline(timeline)}")
+    no_update = f"UniLab training logged no learner iteration under {run_dir or log_root} (stopped by the time limit: {stopped}); " \
+                f"start-up since launch: {describe_timeline(timeline)}"
+    if not rows_all and not stopped:
+        fail(no_update)
     last = None
-    if args.skip_first is not None:
+    if not rows_all:
+        # The time limit came before the first update (a cold compile that took the whole
+        # share): the report is still written, with no rows, so that a seed which never got
+        # to learn counts as one that reached nothing instead of vanishing; the script fails.
+        rows = []
+    elif args.skip_first is not None:
         rows = rows_all[args.skip_first :]
     else:
         last = args.summary_last
@@ -415,8 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     # A run that neither reached its last iteration nor was stopped by --time-limit ended
     # early (UniLab exits 0 after some learner-side failures): its JSON says so and the
     # script fails, so that a crash is never summarized as a finished run.
-    last_iteration = rows_all[-1].get("iteration", len(rows_all))
-    completed = stop_reason is not None or last_iteration >= args.iterations
+    last_iteration = rows_all[-1].get("iteration", len(rows_all)) if rows_all else 0
+    completed = stop_reason is not None or last_iteration >= args.iterations  # (stopped, not crashed)
     u, pf = args.updates_per_step, args.policy_frequency
     actor_updates = len(range(0, u, pf))
     result = {
@@ -425,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": args.mode,
         "backend": args.backend,
         "task": args.task,
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir) if run_dir is not None else None,
         "training_config": {
             "num_envs": args.num_envs,
             "batch_size": args.batch_size,
@@ -482,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1))
+    if not rows_all:
+        fail(f"{no_update}; its report (no rows): {args.output}")
     lt = result["learner_train_ms"] or {}
     print(f"{args.learner}/{args.mode}: learner {lt.get('median', float('nan')):.2f} ms median over {len(rows)} iterations -> {args.output}")
     if not completed:

@@ -258,7 +258,8 @@ def markdown_table(report: dict) -> str:
         best = [r["reward_moving_mean_max"] for r in members if r["reward_moving_mean_max"] is not None]
         # cut before its last planned iteration and before the highest threshold: its "not
         # reached" says only that the call's time ran out
-        cut = [f"s{r['seed']} at {r['iterations_logged']} ({fmt(r['wall_s_last'], '.0f')} s)" for r in members
+        cut = [f"s{r['seed']} at {r['iterations_logged']} ({fmt(r['wall_s_last'], '.0f')} s)" if r["iterations_logged"]
+               else f"s{r['seed']} before its first update" for r in members
                if r["stopped_by_time_limit"] and r["iterations_logged"] < (r["iterations_planned"] or 0)
                and r["time_to_reward"][f"{max(report['thresholds']):g}"] is None]
         cells = [g["label"] + ("" if g["enough_seeds"] else " (too few seeds)"), ", ".join(map(str, g["seeds"])),

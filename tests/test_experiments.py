@@ -205,6 +205,39 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert all(s["seconds"] >= 1.0 for p in procs for s in p["segments"])  # two samples or more
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is what CI exercises")
+def test_a_training_stopped_before_its_first_update_still_writes_its_report_and_fails(site, tmp_path):
+    """Stock UniLab's cold compile once took a seed's whole share (issue 17's U8 call): the run
+    must leave a report that says so (no rows, stopped by the limit) so the seed
+    counts as one that reached nothing, and still exit 2. Here the limit comes during UniLab's
+    own start (its first update is ~25-35 s after launch on two cores)."""
+    from flashsac_opt.unilab import patch as unilab_patch
+    from unilab_tree import add_g1_placeholders
+
+    unilab_patch.apply(site, include_optional=True)
+    add_g1_placeholders(site / "unilab")
+    out = tmp_path / "training.json"
+    done = run(
+        "benchmark_flashsac_training.py", "--unilab-root", str(site), "--learner", "flashsac_opt", "--mode", "eager",
+        "--num-envs", "16", "--batch-size", "32", "--iterations", "100000", "--learning-starts", "2", "--replay-buffer-n", "8",
+        "--log-root", str(tmp_path / "logs"), "--output", str(out), "--time-limit", "8",
+    )
+    assert done.returncode == 2 and "logged no learner iteration" in done.stderr and str(out) in done.stderr, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    # stopped by its limit, not crashed ("completed" as for any run the limit stopped)
+    assert report["stopped_by_time_limit"] and report["completed"] and report["iterations_logged"] == 0
+    assert report["rows_all"] == report["rows"] == [] and report["learner_train_ms"] is None
+    ttr = load("time_to_reward.py")
+    run_summary = ttr.summarize_file(out, 500)
+    assert run_summary["first_update_s"] is None and run_summary["time_to_reward"] == {"20": None, "30": None}
+    group = ttr.group_runs([run_summary])[0]
+    assert group["median"]["first_update_s"] is None and group["reached"] == {"20": 0, "30": 0}
+    table = ttr.markdown_table({"runs": [run_summary], "groups": [group], "thresholds": [20.0, 30.0], "window": 20})
+    assert "| s1 before its first update |" in table
+    refused = run("report/plot_time_reward.py", "--group", "x", str(out), "--output", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"))
+    assert refused.returncode == 2 and "no learner iteration logged (stopped before its first update)" in refused.stderr
+
+
 def test_replay_stability_short_cpu_run(tmp_path):
     """The committed real-G1 replay file, a few iterations, compile (aot_eager) vs eager."""
     out, png = tmp_path / "stability.json", tmp_path / "stability.png"

@@ -36,6 +36,8 @@ def reward_curve(source: Path) -> tuple[np.ndarray, np.ndarray, str]:
     rows = [r for r in report.get("rows_all", []) if "wall_s" in r and "reward" in r]
     if rows:
         return np.array([r["wall_s"] for r in rows]), np.array([r["reward"] for r in rows]), "launch"
+    if report.get("iterations_logged") == 0:
+        raise ValueError(f"{source}: no learner iteration logged (stopped before its first update): no curve to draw")
     return (*events_curve(Path(report["run_dir"])), "first logged scalar")  # JSON from before wall_s
 
 
@@ -133,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(run)
             if not path.exists():
                 parser.error(f"{run} does not exist")
-            t, r, origin = reward_curve(path)
+            try:
+                t, r, origin = reward_curve(path)
+            except ValueError as exc:
+                parser.error(str(exc))
             groups.setdefault(label, []).append((t, r))
             origins.setdefault(label, set()).add(origin)
             sources.setdefault(label, []).append(run)
