@@ -210,13 +210,14 @@ def plot(report: dict, path: Path) -> None:
     fig, (launch_ax, update_ax) = plotting.subplots(1, 2, figsize=(16, 7), sharey=True)
     runs = {r["file"]: r for r in report["runs"]}
     colors = matplotlib.colormaps["tab10"].colors
-    settings = list(dict.fromkeys(tuple(g[k] for k in GROUP_KEY if k not in ("learner", "mode")) for g in report["groups"]))
+    setting = lambda g: tuple(g[k] for k in GROUP_KEY if k not in ("learner", "mode"))  # noqa: E731
+    settings = list(dict.fromkeys(setting(g) for g in report["groups"]))
     for g in report["groups"]:
         curves = [(np.array(runs[f]["curve"]["wall_s"]), np.array(runs[f]["curve"]["reward_moving_mean"])) for f in g["files"]]
         curves = [c for c in curves if len(c[0])]
         if not curves:
             continue
-        i = settings.index(tuple(g[k] for k in GROUP_KEY if k not in ("learner", "mode")))
+        i = settings.index(setting(g))
         color, style = colors[i % 10], "--" if g["learner"] == "unilab" else "-"
         name = f"{g['label']} ({g['count']} seed{'s' if g['count'] != 1 else ''}{'' if g['enough_seeds'] else ', too few'})"
         for k, (t, r) in enumerate(curves):
@@ -347,6 +348,55 @@ def job_groups(cfg: tuple) -> list[tuple[str, str, list[str]]]:
             (f"ttr_{cfg[0]}_s3_x2", "nvidia-h200-x2", pair(3))]
 
 
+# The one-GPU kind: one training per entry, so that a call listing a configuration's three seeds
+# gives each what the one before left, and seed 1 compiles into a named cache (emptied first) that
+# seeds 2 and 3 start from on the same warm machine (run.py's `cache`). Where the three-seed calls
+# could not finish them: UniLab's G1 default (never timed at 4096 envs here) and stock's U32 and
+# U128 seeds (its cold compile takes 187-238 s of a share; U64 has ttr_u64_1gpu_stock_s{1,2,3}).
+ONE_GPU_SEEDED = (("g1_default", ("flashsac_opt", "unilab")), ("u32", ("unilab",)), ("u128", ("unilab",)))
+WARM_STARTUP_S = {"unilab": "85,85", "flashsac_opt": "45,45"}  # trainings.py --startup-s for a seed on a warm cache
+ONE_GPU_LIMIT_S = 580
+
+
+def side(learner: str) -> str:
+    return "patched" if learner == "flashsac_opt" else "stock"
+
+
+def one_gpu_entry_name(cfg: tuple, learner: str, seed: int) -> str:
+    return f"ttr_{cfg[0]}_1gpu_{side(learner)}_s{seed}"
+
+
+def one_gpu_entries() -> list[str]:
+    q = json.dumps
+    configs = {cfg[0]: cfg for cfg in CONFIGS}
+    lines = ["", "# One GPU, one training per entry on a named cache (ONE_GPU_SEEDED): list a configuration's",
+             "# three seeds in one call and the ones it skipped in the next, e.g.",
+             f"#   python3 experiments/device/run.py {' '.join(one_gpu_entry_name(configs['g1_default'], 'flashsac_opt', s) for s in SEEDS)}"]
+    for name, learners in ONE_GPU_SEEDED:
+        cfg = configs[name]
+        _, u, batch, envs, (replay_n, learning_starts) = cfg
+        for learner in learners:
+            cache = f"{name}_{side(learner)}"
+            who = "patched" if learner == "flashsac_opt" else "stock UniLab"
+            # stock's compile on the host's CPUs, as in its three-seed calls
+            extra = ["--override=training.torch_threads.compile_threads=16"] if learner == "unilab" else []
+            for seed in SEEDS:
+                cold = seed == SEEDS[0]
+                args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS),
+                        "--replay-buffer-n", str(replay_n), "--learning-starts", str(learning_starts), "--stop-at-reward", "30",
+                        "--no-eval", "--time-limit", "{limit}", "--out", "{out}", "--work", "{work}", *extra,
+                        *([] if cold else ["--startup-s", WARM_STARTUP_S[learner]]), f"{learner}:graph:{seed}"]
+                where = f"on an emptied named cache ({cache})" if cold else "on the named cache seed 1 filled (warm on the same machine)"
+                lines += ["", f"[runs.{one_gpu_entry_name(cfg, learner, seed)}]",
+                          f"help = {q(f'time to reward 30, U{u} B{batch} E{envs}, one GPU: {who} graph seed {seed} alone, {where}, {ITERATIONS} iterations at most')}",
+                          'script = "experiments/device/trainings.py"',
+                          f"args = [{', '.join(q(a) for a in args)}]",
+                          f"limit = {ONE_GPU_LIMIT_S}", 'wheels = "training"', f"cache = {q(cache)}", *(["cold_cache = true"] if cold else []),
+                          'env = { TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS = "ATEN", WANDB_MODE = "disabled", HYDRA_FULL_ERROR = "1" }',
+                          f"outputs = [{q(training_file(cfg, learner, 'graph', seed))}]", "pack = true"]
+    return lines
+
+
 def toml_entries() -> str:
     q = json.dumps
     lines = [TOML_BEGIN,
@@ -372,7 +422,7 @@ def toml_entries() -> str:
         for run, kind, jobs in job_groups(cfg):
             lines += ["", f"[runs.{run}]", f"help = {q(f'time to reward, {name}: {len(jobs)} trainings side by side on {kind}')}",
                       f"jobs = [{', '.join(q(j) for j in jobs)}]", f"limit = {JOBS_LIMIT_S}"]
-    return "\n".join(lines + [TOML_END]) + "\n"
+    return "\n".join(lines + one_gpu_entries() + [TOML_END]) + "\n"
 
 
 def plan_main(args) -> int:
