@@ -28,6 +28,8 @@ def roofline():
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>(", "GEMM"),
     ("triton_red_fused_mean_permute_var_view_23", "BN statistics"),
     ("triton_red_fused__to_copy_mul_neg_permute_rsqrt_slice_squeeze_sub_sum_threshold_backward_unsqueeze_view_19", "BN statistics"),
+    # the input BN's statistics with their running-mean lerp (W4, 2026-12-02): not the optimizer
+    ("triton_red_fused__to_copy_add_cat_expand_lerp_mean_mul_permute_rsqrt_split_with_sizes_squeeze_unsqueeze_var_view_9", "BN statistics"),
     ("triton_poi_fused__to_copy_add_mul_permute_relu_rsqrt_slice_squeeze_sub_threshold_backward_unsqueeze_view_11", "BN apply"),
     ("triton_poi_fused__to_copy_abs_add_addcmul_all_bitwise_and_clamp_copy__cos_div_eq_lerp_mul_ne_pow_rsub_sqrt_sub", "optimizer"),
     ("Optimizer.step#Adam.step", "optimizer"),
