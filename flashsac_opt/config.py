@@ -110,6 +110,12 @@ class EngineOptions:
     # 1.02-1.12x slower (session 16's study, commit 62bc0bd; hidden layers have enough outputs and
     # their fusion changed); the input alone is the study ours_graph_input_bn_chunks.
     input_bn_chunk_rows: int = 0
+    # The critic ensemble's GEMMs with their weight gradients formed as g^T x, in the weights' own
+    # (members, out, in) layout (networks.member_linear), instead of einsum's x^T g returned
+    # transposed, which the flat gradient's assembly then gathers with strided reads (~2% of W2's
+    # iteration, results/roofline/README.md). The same sums, possibly rounded in another order, so
+    # off by default: eager stays bit-identical to UniLab's einsum. Study ours_graph_weight_grads.
+    contiguous_weight_grads: bool = False
     # The online and target critics as one ensemble of twice the members in the critic loss
     # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per
     # layer for both instead of two chains. The target half is detached, but the backward runs

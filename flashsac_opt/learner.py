@@ -111,6 +111,7 @@ class FlashSACLearner:
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
+            net.contiguous_weight_grads = cfg.contiguous_weight_grads
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(

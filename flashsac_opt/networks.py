@@ -354,6 +354,45 @@ class FlashSACActor(_FlatNetwork):
         self._held_noise, self._hold_count, self._hold_target = state
 
 
+class _MemberLinear(torch.autograd.Function):
+    """y[n] = x[n] @ w[n]^T for every ensemble member n (x (n, B, in), w (n, out, in)), with the
+    weight gradient formed as g^T x: it comes out (n, out, in), the weight's own layout.
+
+    einsum's backward forms x^T g, (n, in, out), and returns its transpose: the flat gradient's
+    assembly (one buffer for every weight) then reads each GEMM weight's gradient transposed, a
+    strided gather of ~2.2 M elements per critic step (13 us a launch at W2 on the H200, about 2%
+    of the iteration; results/roofline/README.md). The same sums; cuBLAS may round them in
+    another order. Grads are formed only for the inputs that need them, so a frozen critic in the
+    actor step still does no weight-gradient GEMM."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, w.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # setup_context: torch.func transforms need it
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        grad_x = torch.bmm(grad, w) if ctx.needs_input_grad[0] else None
+        grad_w = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+def member_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``einsum("nbi,noi->nbo", x, w)`` through _MemberLinear. Under autocast both operands are
+    cast first, as autocast would cast them for the bmm, and the Function runs with autocast
+    off, so its backward sees the same dtypes as its forward."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return _MemberLinear.apply(x, w)
+    dtype = torch.get_autocast_dtype(device)
+    with torch.autocast(device_type=device, enabled=False):
+        return _MemberLinear.apply(x.to(dtype), w.to(dtype))
+
+
 def batch_moments(x: torch.Tensor, chunk_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and biased variance of ``x`` (members, rows, features) over the rows, keepdim.
 
@@ -429,6 +468,13 @@ class FlashSACCritic(_FlatNetwork):
 
     # Rows per chunk of the input BN's training-mode statistics (EngineOptions.input_bn_chunk_rows); 0: one pass.
     input_bn_chunk_rows = 0
+    # The members' GEMMs through member_linear (EngineOptions.contiguous_weight_grads); False: einsum.
+    contiguous_weight_grads = False
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.contiguous_weight_grads:
+            return member_linear(x, w)
+        return torch.einsum("nbi,noi->nbo", x, w)
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
@@ -490,16 +536,16 @@ class FlashSACCritic(_FlatNetwork):
         new_stats: list[torch.Tensor] = []
         x = torch.cat((obs, actions), dim=-1)
         x = x.unsqueeze(0).expand(w["in_proj"].shape[0], -1, -1)
-        x = torch.einsum("nbi,noi->nbo", self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
+        x = self._linear(self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
             b = f"block{i}"
-            y = torch.einsum("nbi,noi->nbo", x, w[f"{b}.up"])
+            y = self._linear(x, w[f"{b}.up"])
             y = F.relu(self._bn(y, p, s, f"{b}.up_bn", training, new_stats))
-            y = torch.einsum("nbi,noi->nbo", y, w[f"{b}.down"])
+            y = self._linear(y, w[f"{b}.down"])
             y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
             x = y + x
         x = (x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + RMS_EPS)) * p["out_rms"].unsqueeze(1)
-        logits = torch.einsum("nbi,noi->nbo", x, w["logits.weight"]) + p["logits.bias"].unsqueeze(1)
+        logits = self._linear(x, w["logits.weight"]) + p["logits.bias"].unsqueeze(1)
         log_probs = F.log_softmax(logits, dim=-1)
         q = torch.sum(log_probs.exp() * self.support.view(1, 1, -1), dim=-1)
         return q, log_probs, new_stats

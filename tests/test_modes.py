@@ -210,11 +210,14 @@ def test_frozen_critic_does_no_weight_gradient_work():
     assert full_flops - frozen_flops == pytest.approx(expected, rel=0.01)
 
 
-def test_learner_actor_step_has_no_critic_weight_gradient_gemms():
+@pytest.mark.parametrize("contiguous_weight_grads", [False, True], ids=["einsum", "member_linear"])
+def test_learner_actor_step_has_no_critic_weight_gradient_gemms(contiguous_weight_grads):
     """The learner's own compiled actor step (fused: torch.func gradient w.r.t. the actor
     only) runs exactly the GEMM FLOPs of the frozen objective, and the critic dW FLOPs fewer
-    than an objective that lets autograd reach the critic weights."""
-    learner = make("compile", dims=G1, batch_size=64, actor_hidden_dim=32, critic_hidden_dim=64, compile_backend="aot_eager")
+    than an objective that lets autograd reach the critic weights; with the critic's GEMMs
+    through member_linear as well."""
+    learner = make("compile", dims=G1, batch_size=64, actor_hidden_dim=32, critic_hidden_dim=64, compile_backend="aot_eager",
+                   contiguous_weight_grads=contiguous_weight_grads)
     b = {k: v[:64] for k, v in batches(learner, 1)[0].items()}
     learner.step_actor(b)  # compile outside the profile
     assert learner.fused_update
@@ -309,6 +312,63 @@ def test_chunked_input_bn_statistics_keep_the_critic_update_within_rounding_of_o
     assert rel(chunked.critic.params, one.critic.params) < 1e-2  # Adam: rounding in near-zero gradients becomes +-lr
     with pytest.raises(ValueError, match="input_bn_chunk_rows"):
         make("eager", input_bn_chunk_rows=-1)
+
+
+def test_member_linear_gives_einsums_values_with_the_weight_gradient_in_the_weights_layout():
+    """contiguous_weight_grads: einsum's weight gradient comes out transposed (the flat gradient's
+    assembly then gathers it with strided reads); member_linear's has the weight's own strides,
+    the same values up to the order the GEMM sums in, and the same dtypes under bf16 autocast."""
+    from flashsac_opt.networks import member_linear
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 12, generator=g, requires_grad=True)
+    w = torch.randn(2, 8, 12, generator=g, requires_grad=True)
+    up = torch.randn(2, 16, 8, generator=g)
+    for amp in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            ref, y = torch.einsum("nbi,noi->nbo", x, w), member_linear(x, w)
+        assert y.dtype == ref.dtype == (torch.bfloat16 if amp else torch.float32) and torch.equal(y, ref)
+        (ref_gx, ref_gw), (gx, gw) = (torch.autograd.grad(out, (x, w), up.to(out.dtype)) for out in (ref, y))
+        assert not ref_gw.is_contiguous() and gw.is_contiguous() and gw.dtype == ref_gw.dtype == torch.float32
+        torch.testing.assert_close(gx, ref_gx)
+        torch.testing.assert_close(gw, ref_gw)
+    # a frozen weight (the critic in the actor step) gets no weight-gradient GEMM
+    frozen = w.detach()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.autograd.grad(member_linear(x, frozen), x, up)
+    assert sum(e.count for e in prof.key_averages() if e.key == "aten::bmm") == 2  # forward + grad_x
+
+
+def test_contiguous_weight_grads_keep_the_update_within_rounding_and_compile_op_for_op():
+    """The option changes only the order the critic's weight-gradient GEMMs sum in: the first
+    critic loss agrees, the parameters stay within Adam's rounding amplification; compile mode
+    (aot_eager, op for op) matches eager with the option bit for bit, fused and split."""
+    plain, option = make("eager"), make("eager", contiguous_weight_grads=True)
+    assert option.critic.contiguous_weight_grads and option.target_critic.contiguous_weight_grads
+    assert not plain.critic.contiguous_weight_grads
+    data = batches(plain, 3)
+    lp, lo = train(plain, data), train(option, data)
+    assert float(lp[0, 0]) == float(lo[0, 0])
+    assert rel(option.critic.params, plain.critic.params) < 1e-2
+    # the option's path ran: the critic's autograd graph holds member_linear's backward, not einsum's bmm
+    b = data[0]
+    def backward_nodes(learner):
+        _, log_probs, _ = learner.critic(b["critic"][:16], b["actions"][:16], training=True)
+        seen, todo = {}, [log_probs.grad_fn]
+        while todo:
+            fn = todo.pop()
+            if fn is not None and id(fn) not in seen:
+                seen[id(fn)] = type(fn).__name__
+                todo += [f for f, _ in fn.next_functions]
+        return set(seen.values())
+    assert "_MemberLinearBackward" in backward_nodes(option) and "BmmBackward0" not in backward_nodes(option)
+    assert "_MemberLinearBackward" not in backward_nodes(plain) and "BmmBackward0" in backward_nodes(plain)
+    for fused_update in (True, False):
+        torch._dynamo.reset()
+        compiled = make("compile", compile_backend="aot_eager", fused_update=fused_update, contiguous_weight_grads=True)
+        assert torch.equal(train(compiled, data), lo)
+        for name in ("actor", "critic", "target_critic"):
+            assert torch.equal(getattr(compiled, name).params, getattr(option, name).params), (fused_update, name)
 
 
 def test_stacked_critic_forward_gives_each_critic_its_own_forward():
@@ -464,6 +524,13 @@ def _assert_tracks_eager(drift: dict, amp: bool) -> None:
             bound = max(bound, 2e-2)
         assert mode_drift <= bound, f"{name}: {mode_drift:.3e} vs rounding floor {floor:.3e}"
         assert mode_drift < (1e-2 if not amp else 1e-1), name
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_contiguous_weight_grads_tracks_eager():
+    """contiguous_weight_grads: the critic's weight gradients from member_linear's backward, in the
+    captured iteration with bf16 autocast; the same mathematics as einsum's."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, contiguous_weight_grads=True), True)
 
 
 @pytest.mark.gpu
