@@ -346,7 +346,13 @@ def test_trainings_runs_every_training_and_exits_non_zero_naming_those_that_fail
     spec = importlib.util.spec_from_file_location("trainings", REPO / "experiments" / "device" / "trainings.py")
     trainings = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trainings)
-    monkeypatch.setattr(trainings, "prepare_copies", lambda copies, rehearsal: (copies / "stock", copies / "patched"))
+    prepared = []
+
+    def fake_prepare(copies, rehearsal, names):
+        prepared.extend(names)
+        return copies / "stock", copies / "patched"
+
+    monkeypatch.setattr(trainings, "prepare_copies", fake_prepare)
     started = []
 
     def fake_run(cmd, **kwargs):
@@ -357,7 +363,15 @@ def test_trainings_runs_every_training_and_exits_non_zero_naming_those_that_fail
     argv = ["--updates", "8", "--no-eval", "--time-limit", "580", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
             "unilab:graph:1", "unilab:graph:2", "unilab:graph:3"]
     assert trainings.main(argv) == 1 and started == ["1", "2", "3"]
+    assert prepared == ["stock"]  # stock trainings only: no patched copy made (nor its extension built)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "== trainings: 1 of 3 failed: training_u8_b256_unilab_graph_s1 (rc=2)"
     monkeypatch.setattr(trainings.subprocess, "run", lambda cmd, **kwargs: types.SimpleNamespace(returncode=0))
     assert trainings.main(argv) == 0
+    # patched trainings make the patched copy, and the stock one only for the stock eval
+    monkeypatch.setattr(trainings, "stock_eval", lambda *args: prepared.append("eval"))
+    for no_eval, copies in ((["--no-eval"], ["patched"]), ([], ["stock", "patched", "eval"])):
+        prepared.clear()
+        argv = ["--updates", "8", *no_eval, "--time-limit", "580", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                "flashsac_opt:graph:2"]
+        assert trainings.main(argv) == 0 and prepared == copies

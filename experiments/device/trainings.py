@@ -113,8 +113,10 @@ def series_digest() -> str:
     return digest.hexdigest()
 
 
-def prepare_copies(root: Path, cpu: bool) -> tuple[Path, Path]:
-    """Stock and patched copies of the installed unilab package, with placeholder meshes."""
+def prepare_copies(root: Path, cpu: bool, names: tuple[str, ...] = ("stock", "patched")) -> tuple[Path, Path]:
+    """Stock and patched copies of the installed unilab package, with placeholder meshes; only
+    the ``names`` a call's trainings run (each copy costs ~35 s on a fresh machine, its H2D
+    extension 21-23 s of it: 2026-12-02)."""
     spec = importlib.util.find_spec("unilab")
     if spec is None or spec.origin is None:
         raise SystemExit("trainings: unilab is not importable (the training wheels: run.py --fetch-wheels training)")
@@ -122,7 +124,7 @@ def prepare_copies(root: Path, cpu: bool) -> tuple[Path, Path]:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other job of a 2-GPU call may be making them too
-        for name in ("stock", "patched"):
+        for name in names:
             site = root / name
             ready = site / ".ready"
             if ready.is_file() and ready.read_text() == series_digest():
@@ -215,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     copies = args.work.parent / "unilab"
     stock, patched = copies / "stock", copies / "patched"
     if not args.dry_run:
-        stock, patched = prepare_copies(copies, args.cpu_rehearsal)
+        ours = any(r["learner"] == "flashsac_opt" for r in runs)
+        # the stock copy runs stock trainings and plays the last flashsac_opt checkpoint (stock eval)
+        needs_stock = any(r["learner"] != "flashsac_opt" for r in runs) or (ours and not args.no_eval)
+        wanted = (("stock",) if needs_stock else ()) + (("patched",) if ours else ())
+        stock, patched = prepare_copies(copies, args.cpu_rehearsal, wanted)
         (args.work / "raw").mkdir(parents=True, exist_ok=True)
         args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)  # the training script puts its UniLab copy and the repository first on the path
