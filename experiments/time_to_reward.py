@@ -355,6 +355,13 @@ def job_groups(cfg: tuple) -> list[tuple[str, str, list[str]]]:
 # U128 seeds (its cold compile takes 187-238 s of a share; U64 has ttr_u64_1gpu_stock_s{1,2,3}).
 ONE_GPU_SEEDED = (("g1_default", ("flashsac_opt", "unilab")), ("u32", ("unilab",)), ("u128", ("unilab",)))
 WARM_STARTUP_S = {"unilab": "85,85", "flashsac_opt": "45,45"}  # trainings.py --startup-s for a seed on a warm cache
+# run.py's min_limit per entry, (seed 1 on an emptied cache, seeds 2-3 warm): a share too short for
+# the seed to finish is skipped for the next call instead of cutting the seed. G1 default: the runs
+# of 2026-12-02 (patched 286.3 / 214.3 s, stock 435.0 / 235.3 s, the cold ones with both UniLab
+# copies to make); stock U32 / U128, never finished: its first update (cold ~233 s, warm ~80 s)
+# plus 1500 iterations of 58 / 151 ms.
+ONE_GPU_MIN_LIMIT_S = {("g1_default", "flashsac_opt"): (290, 220), ("g1_default", "unilab"): (440, 240),
+                       ("u32", "unilab"): (330, 170), ("u128", "unilab"): (470, 310)}
 ONE_GPU_LIMIT_S = 580
 
 
@@ -370,7 +377,7 @@ def one_gpu_entries() -> list[str]:
     q = json.dumps
     configs = {cfg[0]: cfg for cfg in CONFIGS}
     lines = ["", "# One GPU, one training per entry on a named cache (ONE_GPU_SEEDED): list a configuration's",
-             "# three seeds in one call and the ones it skipped in the next, e.g.",
+             "# three seeds in one call and the ones it skipped (min_limit: too little left) in the next, e.g.",
              f"#   python3 experiments/device/run.py {' '.join(one_gpu_entry_name(configs['g1_default'], 'flashsac_opt', s) for s in SEEDS)}"]
     for name, learners in ONE_GPU_SEEDED:
         cfg = configs[name]
@@ -391,7 +398,8 @@ def one_gpu_entries() -> list[str]:
                           f"help = {q(f'time to reward 30, U{u} B{batch} E{envs}, one GPU: {who} graph seed {seed} alone, {where}, {ITERATIONS} iterations at most')}",
                           'script = "experiments/device/trainings.py"',
                           f"args = [{', '.join(q(a) for a in args)}]",
-                          f"limit = {ONE_GPU_LIMIT_S}", 'wheels = "training"', f"cache = {q(cache)}", *(["cold_cache = true"] if cold else []),
+                          f"limit = {ONE_GPU_LIMIT_S}", f"min_limit = {ONE_GPU_MIN_LIMIT_S[name, learner][0 if cold else 1]}",
+                          'wheels = "training"', f"cache = {q(cache)}", *(["cold_cache = true"] if cold else []),
                           'env = { TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS = "ATEN", WANDB_MODE = "disabled", HYDRA_FULL_ERROR = "1" }',
                           f"outputs = [{q(training_file(cfg, learner, 'graph', seed))}]", "pack = true"]
     return lines

@@ -251,6 +251,30 @@ def test_a_run_needing_more_gpus_than_found_is_skipped(tmp_path):
     assert json.loads((out / "runs.json").read_text())["runs"][0]["skipped"] == "needs 2 GPUs, found 1"
 
 
+def test_a_run_the_call_leaves_less_than_its_min_limit_is_skipped_for_the_next_call(tmp_path):
+    """A time-to-reward seed started on a short share is cut before its reward: with min_limit it
+    is skipped instead (the call says so), and a run without one still gets what is left."""
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    matrix = tmp_path / "runs.toml"
+    matrix.write_text(f'[runs.seed]\nscript = "{script}"\nlimit = 60\nmin_limit = 40\n'
+                      f'[runs.plain]\nscript = "{script}"\nlimit = 60\n')
+    m = driver.load_matrix(matrix)
+    assert m.runs["seed"].min_limit == 40 and m.runs["plain"].min_limit == 0
+    out = tmp_path / "out"
+    # a 50-s call: each run may have 50 - 15 (stopping grace) = 35 s, less than seed's 40
+    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "--budget", "50",
+                   "seed", "plain", env={"OUT": str(out)})
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    assert runs[0]["run"] == "seed" and runs[0]["skipped"].endswith("(it needs 40)"), runs
+    assert runs[1]["run"] == "plain" and "skipped" not in runs[1] and runs[1]["rc"] == 0 and runs[1]["limit_s"] >= 30
+    assert done.returncode == 1 and "== seed: skipped: only" in done.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[runs.x]\nscript = "{script}"\nlimit = 30\nmin_limit = 31\n')
+    with pytest.raises(ValueError, match="min_limit 31 is not within"):
+        driver.load_matrix(bad)
+
+
 def test_physical_core_groups_keep_hyperthread_siblings_together(tmp_path):
     # 8 logical CPUs, 4 cores: cpu i and cpu i+4 are siblings (the usual Linux numbering)
     for cpu in range(8):

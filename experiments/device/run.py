@@ -64,6 +64,10 @@ class Run:
     pytest: list[str] | None = None
     jobs: list[str] | None = None
     limit: int = 570
+    # skipped when the call leaves fewer seconds than this (0: MIN_LIMIT_S), to be listed again in
+    # the next call: a time-to-reward seed started on a short share is cut before its reward and
+    # spends device time measuring nothing (2026-12-02: two G1-default seeds at 47 s and 113 s)
+    min_limit: int = 0
     wheels: str = "none"
     env: dict[str, str] = field(default_factory=dict)
     cold_cache: bool = False
@@ -103,6 +107,8 @@ def load_matrix(path: Path = MATRIX) -> Matrix:
         kinds = [k for k in ("script", "module", "pytest", "jobs") if getattr(run, k) is not None]
         if len(kinds) != 1:
             raise ValueError(f"run {name}: needs exactly one of script, module, pytest, jobs (has {kinds or 'none'})")
+        if not 0 <= run.min_limit <= run.limit:
+            raise ValueError(f"run {name}: min_limit {run.min_limit} is not within 0..limit ({run.limit})")
         if run.wheels != "none" and run.wheels not in wheels:
             raise ValueError(f"run {name}: wheels {run.wheels!r} is not a [wheels.*] set")
         if run.cache and not FILE_NAME.match(run.cache):
@@ -393,8 +399,8 @@ class Call:
         self.record["runs"].append(entry)
         if run.gpus > gpus:
             entry["skipped"] = f"needs {run.gpus} GPUs, found {gpus}"
-        elif limit < min(run.limit, MIN_LIMIT_S):
-            entry["skipped"] = f"only {max(limit, 0)} s left in the call"
+        elif limit < max(min(run.limit, MIN_LIMIT_S), run.min_limit):
+            entry["skipped"] = f"only {max(limit, 0)} s left in the call" + (f" (it needs {run.min_limit})" if run.min_limit else "")
         if "skipped" in entry:
             print(f"== {name}: skipped: {entry['skipped']}", flush=True)
             self.save()
@@ -502,7 +508,7 @@ def dry_run(matrix: Matrix, names: list[str], budget: float) -> int:
         limit = int(min(run.limit, budget - used - STOP_GRACE_S))
         used += max(limit, 0) + STOP_GRACE_S
         if limit < run.limit:
-            cut.append(f"{name} ({max(limit, 0)} of its {run.limit} s)")
+            cut.append(f"{name} ({max(limit, 0)} of its {run.limit} s{', skipped: it needs ' + str(run.min_limit) if limit < run.min_limit else ''})")
         print(f"== {name}: {run.help}")
         print(f"   limit {limit} s, {run.gpus} GPU(s), wheels: {' '.join(wheel_sets(matrix, [name])) or 'none'}, "
               f"returns: {' '.join(returned_files(matrix, [name])[1:])}")
