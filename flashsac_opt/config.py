@@ -116,6 +116,13 @@ class EngineOptions:
     # iteration, results/roofline/README.md). The same sums, possibly rounded in another order, so
     # off by default: eager stays bit-identical to UniLab's einsum. Study ours_graph_weight_grads.
     contiguous_weight_grads: bool = False
+    # The critic's input BatchNorm statistics reduced once and broadcast to the members: every
+    # member normalizes the same rows (cat(obs, action) expanded over the ensemble), so UniLab's
+    # per-member reduction computes the same statistics n times, in the slowest BN kernel at W3 /
+    # W4 (2 x 130 / 2 x 318 outputs with a loop over every row, 43 / 81 us a launch; results/
+    # roofline/README.md). Same values (a member's reduction over the same rows); off until
+    # measured on the GPU. Study ours_graph_shared_input_bn.
+    shared_input_bn_statistics: bool = False
     # The online and target critics as one ensemble of twice the members in the critic loss
     # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per
     # layer for both instead of two chains. The target half is detached, but the backward runs

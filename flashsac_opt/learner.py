@@ -112,6 +112,7 @@ class FlashSACLearner:
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
             net.contiguous_weight_grads = cfg.contiguous_weight_grads
+            net.shared_input_bn_statistics = cfg.shared_input_bn_statistics
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(

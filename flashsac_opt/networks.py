@@ -470,6 +470,8 @@ class FlashSACCritic(_FlatNetwork):
     input_bn_chunk_rows = 0
     # The members' GEMMs through member_linear (EngineOptions.contiguous_weight_grads); False: einsum.
     contiguous_weight_grads = False
+    # The input BN's statistics reduced once for all members (EngineOptions.shared_input_bn_statistics).
+    shared_input_bn_statistics = False
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.contiguous_weight_grads:
@@ -479,8 +481,13 @@ class FlashSACCritic(_FlatNetwork):
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
         if training:
-            # Batch statistics per member over the batch axis (dim 1).
-            mean, var = batch_moments(x, self.input_bn_chunk_rows if name == "in_bn" else 0)
+            # Batch statistics per member over the batch axis (dim 1). The input layer's rows are
+            # one tensor expanded over the members (stride 0): with shared_input_bn_statistics its
+            # statistics are reduced once and broadcast, the same values as each member's.
+            shared = name == "in_bn" and self.shared_input_bn_statistics
+            if shared and x.stride(0) != 0:
+                raise ValueError("shared_input_bn_statistics needs the input rows expanded over the members")
+            mean, var = batch_moments(x[:1] if shared else x, self.input_bn_chunk_rows if name == "in_bn" else 0)
             rows = x.shape[1]
             unbiased = rows / max(rows - 1, 1)
             new_stats.append(torch.lerp(s[f"{name}.mean"], mean.squeeze(1).float(), BN_MOMENTUM))

@@ -371,6 +371,35 @@ def test_contiguous_weight_grads_keep_the_update_within_rounding_and_compile_op_
             assert torch.equal(getattr(compiled, name).params, getattr(option, name).params), (fused_update, name)
 
 
+def test_shared_input_bn_statistics_reduce_once_and_keep_the_update_bit_identical(monkeypatch):
+    """Every critic member normalizes the same input rows (expanded over the members): reduced
+    once, the statistics are each member's own, bit for bit (CPU), so the whole update is; the
+    input BN's reduction sees one member instead of n; compile (aot_eager) agrees op for op."""
+    import flashsac_opt.networks as networks
+
+    seen = []
+    moments = networks.batch_moments
+    monkeypatch.setattr(networks, "batch_moments", lambda x, chunk_rows=0: (seen.append(x.shape[0]), moments(x, chunk_rows))[1])
+    plain, shared = make("eager"), make("eager", shared_input_bn_statistics=True)
+    assert shared.critic.shared_input_bn_statistics and shared.target_critic.shared_input_bn_statistics
+    data = batches(plain, 3)
+    lp = train(plain, data)
+    plain_members, seen[:] = sorted(set(seen)), []
+    ls = train(shared, data)
+    assert plain_members == [2] and sorted(set(seen)) == [1, 2]  # the input BN's reduction: one member
+    assert torch.equal(lp, ls)
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(getattr(plain, name).params, getattr(shared, name).params), name
+        assert torch.equal(getattr(plain, name).bn_stats, getattr(shared, name).bn_stats), name
+    monkeypatch.undo()  # the recording stand-in is not for Dynamo
+    torch._dynamo.reset()
+    compiled = make("compile", compile_backend="aot_eager", shared_input_bn_statistics=True)
+    assert torch.equal(train(compiled, data), ls)
+    with pytest.raises(ValueError, match="expanded over the members"):  # rows that differ per member
+        shared.critic._bn(torch.randn(2, 8, 19), *(shared.critic.layout.views(shared.critic.params),
+                          shared.critic.stats_layout.views(shared.critic.bn_stats)), "in_bn", True, [])
+
+
 def test_stacked_critic_forward_gives_each_critic_its_own_forward():
     """forward_stacked on (online, target) = each critic's own training-mode forward (the
     members are independent), the new statistics split back per critic, and a detached
@@ -531,6 +560,13 @@ def test_gpu_graph_mode_with_contiguous_weight_grads_tracks_eager():
     """contiguous_weight_grads: the critic's weight gradients from member_linear's backward, in the
     captured iteration with bf16 autocast; the same mathematics as einsum's."""
     _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, contiguous_weight_grads=True), True)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_shared_input_bn_statistics_tracks_eager():
+    """shared_input_bn_statistics: the input BN's statistics from one member's reduction, in the
+    captured iteration with bf16 autocast."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, shared_input_bn_statistics=True), True)
 
 
 @pytest.mark.gpu

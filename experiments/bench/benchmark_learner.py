@@ -19,7 +19,8 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
     critics as one ensemble forward (stack_target_critic), GEMMs autotuned among Triton templates
     with prologue/epilogue fusion, the critic's target branch on a second stream (critic_target_stream),
     Programmatic Dependent Launch of the generated kernels (triton.enable_pdl), the critic's weight
-    gradients in the weights' own layout (contiguous_weight_grads)
+    gradients in the weights' own layout (contiguous_weight_grads), the critic's input BN statistics
+    reduced once for all members (shared_input_bn_statistics)
 
 Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
   W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
@@ -108,6 +109,11 @@ GRAPH_STUDIES = {
     # einsum's come out transposed and the flat gradient's assembly gathers them with strided
     # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration)
     "ours_graph_weight_grads": {"contiguous_weight_grads": True},
+    # the critic's input BN statistics reduced once for both members, which normalize the same rows
+    # (shared_input_bn_statistics: half the slowest BN kernel's work at W3/W4), alone and with the
+    # 128-row chunks that give that reduction more thread blocks
+    "ours_graph_shared_input_bn": {"shared_input_bn_statistics": True},
+    "ours_graph_shared_input_bn_chunks": {"shared_input_bn_statistics": True, "input_bn_chunk_rows": 128},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
