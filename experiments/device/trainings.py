@@ -113,7 +113,7 @@ def series_digest() -> str:
     return digest.hexdigest()
 
 
-def prepare_copies(root: Path, cpu: bool, names: tuple[str, ...] = ("stock", "patched")) -> tuple[Path, Path]:
+def prepare_copies(root: Path, cpu: bool, names: tuple[str, ...]) -> tuple[Path, Path]:
     """Stock and patched copies of the installed unilab package, with placeholder meshes; only
     the ``names`` a call's trainings run (each copy costs ~35 s on a fresh machine, its H2D
     extension 21-23 s of it: 2026-12-02)."""
