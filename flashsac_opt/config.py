@@ -97,6 +97,16 @@ class EngineOptions:
     # kernels), slower at 2048/8192, where the single graph keeps more forward activations
     # for the backward than AOTAutograd's recomputing partitioner does.
     fused_update: bool | None = None
+    # AOTAutograd's activation memory budget for the split form's losses (0 < b < 1): the
+    # partitioner then recomputes in the backward what the forward would otherwise save, by a
+    # knapsack over the recomputable ops. The critic's BN apply and ReLU outputs are fp32 (bf16
+    # GEMM output times fp32 BN affine): by default the forward writes them and the backward
+    # reads them back; with a budget it saves the bf16 GEMM outputs only and recomputes the
+    # pointwise chain inside the backward's kernels (W3's critic loss: 193 -> 57 MB saved an
+    # update, no GEMM recomputed at 0.7; experiments/bench/saved_activations.py). Same values
+    # (the same ops, recomputed). The fused form (no partition) ignores it. None: torch's default
+    # (min-cut without a budget). Study ours_graph_budget.
+    activation_memory_budget: float | None = None
     # Under autocast, cast each network's GEMM weights to bf16 in one kernel per call (they
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
     # values; False exists to measure the difference (benchmark variant ours_graph_percast).
@@ -166,6 +176,8 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             raise ValueError("obs_normalization=true is not supported by flashsac_opt (UniLab's default is false)")
         if self.critic_target_stream and self.stack_target_critic:
             raise ValueError("critic_target_stream and stack_target_critic exclude each other: the stacked forward has no separate target branch")
+        if self.activation_memory_budget is not None and not 0.0 < self.activation_memory_budget < 1.0:
+            raise ValueError(f"activation_memory_budget must be in (0, 1) or None (torch's default), got {self.activation_memory_budget}")
         if self.input_bn_chunk_rows < 0:
             raise ValueError(f"input_bn_chunk_rows must be >= 0 (0: one pass), got {self.input_bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):

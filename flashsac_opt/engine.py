@@ -41,6 +41,7 @@ Graph-mode lifetime rules (what keeps a captured graph valid):
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -151,6 +152,7 @@ class Engine:
         backend: str = "inductor",
         inductor_options: Mapping[str, Any] | None = None,
         fused_update: bool | None = None,
+        activation_memory_budget: float | None = None,
         reduce: Callable[..., list[torch.Tensor]] | None = None,
         compile_cache_file: str | None = None,
         compile_cache_key: Mapping[str, Any] | None = None,
@@ -172,6 +174,7 @@ class Engine:
         self._backend = backend
         self._extra_options = dict(inductor_options or {})
         self._fused_option = fused_update
+        self._activation_memory_budget = activation_memory_budget
         self._reduce = reduce
         # Fused only where it is compiled: in eager, torch.func's per-op wrapping is pure overhead.
         self._fusable = self.compiled and reduce is None
@@ -293,7 +296,21 @@ class Engine:
     def _compile(self, fn: Callable) -> Callable:
         if not self.compiled or self.compile_deferred:
             return fn
-        return torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=self._inductor_options())
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=self._inductor_options())
+        if self._activation_memory_budget is None:
+            return compiled
+        budget = self._activation_memory_budget
+
+        @functools.wraps(fn)
+        def with_budget(*args, **kwargs):
+            # torch.compile compiles at a function's first call (and its backward right after),
+            # reading the partitioner's config then: set it around every call rather than
+            # process-wide, where it would reach other code's compiles. It is part of
+            # AOTAutograd's cache key.
+            with torch._functorch.config.patch(activation_memory_budget=budget):
+                return compiled(*args, **kwargs)
+
+        return with_budget
 
     def _build(self, net: NetworkUpdate) -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held

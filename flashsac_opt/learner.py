@@ -172,6 +172,7 @@ class FlashSACLearner:
             backend=cfg.compile_backend,
             inductor_options=cfg.inductor_options,
             fused_update=cfg.fused_update,
+            activation_memory_budget=cfg.activation_memory_budget,
             reduce=self.averager.average if self.averager is not None else None,
             compile_cache_file=cfg.compile_cache_file,
             # what names the default ("auto") cache file, with what the engine adds

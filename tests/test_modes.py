@@ -371,6 +371,46 @@ def test_contiguous_weight_grads_keep_the_update_within_rounding_and_compile_op_
             assert torch.equal(getattr(compiled, name).params, getattr(option, name).params), (fused_update, name)
 
 
+def _saved_bytes_backend(saved: list[int]):
+    """AOTAutograd with Inductor's partitioner, graphs run eagerly; appends the bytes each
+    backward graph takes from its forward (its inputs other than incoming gradients)."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    def bw_compiler(gm, example_inputs):
+        vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+        saved.append(sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor)))
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler,
+                        partition_fn=min_cut_rematerialization_partition)
+
+
+def test_activation_memory_budget_saves_fewer_bytes_for_the_same_update():
+    """activation_memory_budget: the split form's losses keep less for their backward (the
+    partitioner recomputes the BN/ReLU chain instead), the update is the same bit for bit, and
+    the budget reaches the partitioner only through the learner's compiled calls."""
+    data = batches(make("eager"), 2)
+    runs = {}
+    for budget in (None, 0.7):
+        torch._dynamo.reset()
+        learner = make("compile", fused_update=False, activation_memory_budget=budget)
+        saved: list[int] = []
+        learner.engine._backend = _saved_bytes_backend(saved)
+        runs[budget] = (learner, train(learner, data), saved)
+    (plain, lp, saved_plain), (budgeted, lb, saved_budget) = runs[None], runs[0.7]
+    assert len(saved_plain) == len(saved_budget) == 2  # critic loss, actor loss
+    # the critic's (these small widths: 252 against 360 kB, the parameters are most of it)
+    assert saved_budget[0] < 0.8 * saved_plain[0], (saved_budget, saved_plain)
+    assert torch._functorch.config.activation_memory_budget == 1.0  # not left set process-wide
+    assert torch.equal(lp, lb)
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(getattr(plain, name).params, getattr(budgeted, name).params), name
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="activation_memory_budget"):
+            make("compile", activation_memory_budget=bad)
+
+
 def test_shared_input_bn_statistics_reduce_once_and_keep_the_update_bit_identical(monkeypatch):
     """Every critic member normalizes the same input rows (expanded over the members): reduced
     once, the statistics are each member's own, bit for bit (CPU), so the whole update is; the
@@ -567,6 +607,13 @@ def test_gpu_graph_mode_with_shared_input_bn_statistics_tracks_eager():
     """shared_input_bn_statistics: the input BN's statistics from one member's reduction, in the
     captured iteration with bf16 autocast."""
     _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, shared_input_bn_statistics=True), True)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_an_activation_memory_budget_tracks_eager():
+    """activation_memory_budget: the split form's backward recomputes the BN/ReLU chain from the
+    bf16 GEMM outputs instead of reading the forward's fp32 copies, in the captured iteration."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, fused_update=False, activation_memory_budget=0.7), True)
 
 
 @pytest.mark.gpu

@@ -114,6 +114,10 @@ GRAPH_STUDIES = {
     # 128-row chunks that give that reduction more thread blocks
     "ours_graph_shared_input_bn": {"shared_input_bn_statistics": True},
     "ours_graph_shared_input_bn_chunks": {"shared_input_bn_statistics": True, "input_bn_chunk_rows": 128},
+    # AOTAutograd's activation memory budget (split form, W3/W4): the backward recomputes the critic's
+    # BN apply and ReLU from the saved bf16 GEMM outputs instead of reading fp32 copies the forward
+    # wrote (W3's critic loss: 193 -> 57 MB saved an update; experiments/bench/saved_activations.py)
+    "ours_graph_budget": {"activation_memory_budget": 0.7},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",

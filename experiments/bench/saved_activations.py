@@ -1,0 +1,143 @@
+"""What the split-form backward keeps from the forward: the saved activations' bytes by dtype.
+
+Issue 18 asks for bf16 saved activations and for recomputation where it is cheaper than a
+read. This answers the first question and sizes the second without a GPU: the learner's split
+form (W3/W4, above ``FUSED_UPDATE_MAX_BATCH`` rows) goes through AOTAutograd, whose
+min-cut partitioner (the one Inductor uses) decides what the forward saves. A recording
+backend runs that partitioner on the learner's own compiled losses under bf16 autocast (CPU
+autocast; this model's ops fall in the same autocast classes on CUDA: GEMMs to bf16,
+log_softmax to fp32, the hand-written BatchNorm and activations follow their inputs, so a
+bf16 GEMM output times the fp32 BN affine is fp32) and lists every saved tensor of each
+backward graph: shape, dtype, bytes, and the GEMMs in forward and backward (a backward with
+more GEMMs recomputes some). Each workload is run with torch's default partition, then with
+the learner's ``activation_memory_budget`` (knapsack recomputation).
+
+Bytes are per update (one loss graph's forward), per network loss. Nothing here times
+anything: the result is the bytes the backward reads back, which bound what recomputation
+could save (results/roofline: at W4 BN and activation kernels run near HBM rate).
+
+    python experiments/bench/saved_activations.py --workloads W3 W4 --output results/roofline/saved_activations_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
+from common import run_environment, write_report  # noqa: E402
+from bench.benchmark_learner import WORKLOADS  # noqa: E402
+
+# The learner's EngineOptions.activation_memory_budget values compared (None: torch's default
+# min-cut partition, as Inductor runs it). Below ~0.5 the knapsack starts recomputing GEMMs (W3,
+# 0.2: 16 backward GEMMs in the critic loss instead of 12), which costs FLOPs, not bytes.
+BUDGETS = {"default": None, "budget_0.9": 0.9, "budget_0.7": 0.7, "budget_0.5": 0.5}
+
+
+GEMM_OPS = ("mm", "bmm", "addmm", "baddbmm")
+
+
+def _gemm_count(graph: torch.fx.GraphModule) -> int:
+    """GEMM nodes in a graph: the backward's count shows whether the partitioner recomputes any."""
+    return sum(1 for n in graph.graph.nodes if n.op == "call_function" and getattr(n.target, "__name__", "").split(".")[0] in GEMM_OPS)
+
+
+def _saved_tensors(bw_graph: torch.fx.GraphModule) -> list[dict]:
+    """The backward graph's inputs that are not incoming gradients: what the forward saved."""
+    saved = []
+    for node in bw_graph.graph.nodes:
+        if node.op != "placeholder" or node.name.startswith("tangents"):
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue  # symbolic sizes, RNG seeds as ints
+        saved.append(
+            {"name": node.name, "shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch."),
+             "bytes": val.numel() * val.element_size()}
+        )
+    return saved
+
+
+def recording_backend(graphs: list[dict]):
+    """An AOTAutograd backend with Inductor's partitioner that runs the graphs eagerly and
+    appends each backward graph's saved tensors to ``graphs``."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    forward_gemms: list[int] = []
+
+    def fw_compiler(gm, example_inputs):
+        forward_gemms.append(_gemm_count(gm))
+        return make_boxed_func(gm.forward)
+
+    def bw_compiler(gm, example_inputs):
+        # A loss's backward is compiled at its first autograd.grad, before the next loss's forward.
+        graphs.append({"saved": _saved_tensors(gm), "forward_gemms": forward_gemms[-1], "backward_gemms": _gemm_count(gm)})
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=min_cut_rematerialization_partition)
+
+
+def measure(workload: str, setting: str, seed: int = 0) -> dict:
+    """One learner iteration (split form, bf16 autocast, CPU) with the recording backend."""
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    w = WORKLOADS[workload]
+    dims = {k: w[k] for k in ("obs_dim", "critic_obs_dim", "action_dim")}
+    graphs: list[dict] = []
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    cfg = FlashSACConfig(
+        batch_size=w["batch_size"], updates_per_step=w["updates_per_step"], policy_frequency=w["policy_frequency"],
+        learner_mode="compile", fused_update=False, activation_memory_budget=BUDGETS[setting],
+    )
+    learner = FlashSACLearner(cfg, device="cpu", **dims)
+    learner.engine._backend = recording_backend(graphs)  # the engine's compile boundaries, this backend
+    learner.amp_dtype = torch.bfloat16  # the CUDA learner's autocast, here on CPU
+    rows = w["batch_size"] * w["updates_per_step"]
+    batch = synthetic_batch(rows, generator=torch.Generator().manual_seed(seed), **dims)
+    learner.update(batch)
+    if not graphs:
+        raise RuntimeError(f"{workload}: no backward graph was compiled (is the split form in use?)")
+    losses = []
+    for g in graphs:
+        by_dtype: dict[str, int] = defaultdict(int)
+        for t in g["saved"]:
+            by_dtype[t["dtype"]] += t["bytes"]
+        losses.append({
+            "saved_tensors": len(g["saved"]), "saved_bytes": sum(by_dtype.values()), "bytes_by_dtype": dict(by_dtype),
+            "forward_gemms": g["forward_gemms"], "backward_gemms": g["backward_gemms"], "tensors": g["saved"],
+        })
+    total = sum(g["saved_bytes"] for g in losses)
+    bf16 = sum(g["bytes_by_dtype"].get("bfloat16", 0) for g in losses)
+    return {
+        "workload": workload, "setting": setting, "activation_memory_budget": BUDGETS[setting],
+        "rows_per_update": w["batch_size"], "backward_graphs": len(losses), "saved_bytes": total,
+        "saved_mb": total / 1e6, "bf16_share": bf16 / total if total else 0.0,
+        "backward_gemms": sum(g["backward_gemms"] for g in losses), "losses": losses,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", nargs="+", default=["W3", "W4"], choices=sorted(WORKLOADS))
+    p.add_argument("--settings", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
+    p.add_argument("--output", required=True)
+    args = p.parse_args()
+    rows = []
+    for wl in args.workloads:
+        for s in args.settings:
+            r = measure(wl, s)
+            rows.append(r)
+            print(f"{wl} {s:32s} graphs {r['backward_graphs']}  saved {r['saved_mb']:8.2f} MB  bf16 {r['bf16_share']:.3f}  backward GEMMs {r['backward_gemms']}", flush=True)
+    write_report({"experiment": "saved_activations", "environment": run_environment("cpu"), "rows": rows}, Path(args.output))
+
+
+if __name__ == "__main__":
+    main()
