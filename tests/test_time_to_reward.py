@@ -247,11 +247,13 @@ def test_the_committed_one_gpu_matrix_and_its_table_are_what_the_command_makes_f
     assert committed["groups"] == again["groups"] and committed["runs"] == again["runs"]
     assert table.read_text() == (REPO / "results" / "time_to_reward" / "time_to_reward_one_gpu.md").read_text()
     # the matrix: stock and patched at 8, 32, 64 and 128 updates (256 envs, batch 256) and at UniLab's
-    # G1 default (4096 envs, batch 2048, 8 updates); every patched group from 32 up has three seeds at 30
+    # G1 default (4096 envs, batch 2048, 8 updates); every patched group from 32 up, and both G1-default
+    # groups, have three seeds at 30
     assert sorted((g["learner"], g["updates_per_step"], g["num_envs"], g["batch_size"]) for g in again["groups"]) == sorted(
         [(learner, u, 256, 256) for learner in ("unilab", "flashsac_opt") for u in (8, 32, 64, 128)]
         + [(learner, 8, 4096, 2048) for learner in ("unilab", "flashsac_opt")])
     assert all(g["reached"]["30"] == 3 for g in again["groups"] if g["learner"] == "flashsac_opt" and g["updates_per_step"] >= 32)
+    assert [g["reached"]["30"] for g in again["groups"] if g["num_envs"] == 4096] == [3, 3]
 
 
 def test_runs_toml_holds_the_planned_entries_and_the_driver_shows_their_commands():
