@@ -105,7 +105,9 @@ class EngineOptions:
     # pointwise chain inside the backward's kernels (W3's critic loss: 193 -> 57 MB saved an
     # update, no GEMM recomputed at 0.7; experiments/bench/saved_activations.py). Same values
     # (the same ops, recomputed). The fused form (no partition) ignores it. None: torch's default
-    # (min-cut without a budget). Study ours_graph_budget.
+    # (min-cut without a budget). Measured (ours_graph_budget): 1.069x at W3, 1.088x at W4, slower:
+    # the recomputation lands in the backward's reductions and combo kernels, which then cost more
+    # than reading the saved copy did (results/learner_benchmark/studies_2026-12-02). Off.
     activation_memory_budget: float | None = None
     # Under autocast, cast each network's GEMM weights to bf16 in one kernel per call (they
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
@@ -118,20 +120,23 @@ class EngineOptions:
     # (43 / 68 us a launch). 0: one pass, UniLab's order (eager bit-identical); rows it does not
     # split into two or more chunks: one pass. Chunking every critic BN layer was measured
     # 1.02-1.12x slower (session 16's study, commit 62bc0bd; hidden layers have enough outputs and
-    # their fusion changed); the input alone is the study ours_graph_input_bn_chunks.
+    # their fusion changed); the input alone (study ours_graph_input_bn_chunks) measured 1.012x at
+    # W3, 0.961x at W4 (results/learner_benchmark/studies_2026-12-02): off.
     input_bn_chunk_rows: int = 0
     # The critic ensemble's GEMMs with their weight gradients formed as g^T x, in the weights' own
     # (members, out, in) layout (networks.member_linear), instead of einsum's x^T g returned
     # transposed, which the flat gradient's assembly then gathers with strided reads (~2% of W2's
     # iteration, results/roofline/README.md). The same sums, possibly rounded in another order, so
-    # off by default: eager stays bit-identical to UniLab's einsum. Study ours_graph_weight_grads.
+    # off by default: eager stays bit-identical to UniLab's einsum. Measured (ours_graph_weight_grads,
+    # results/learner_benchmark/studies_2026-12-02): 0.993x / 0.988x / 1.000x at W1 / W2 / W4.
     contiguous_weight_grads: bool = False
     # The critic's input BatchNorm statistics reduced once and broadcast to the members: every
     # member normalizes the same rows (cat(obs, action) expanded over the ensemble), so UniLab's
     # per-member reduction computes the same statistics n times, in the slowest BN kernel at W3 /
     # W4 (2 x 130 / 2 x 318 outputs with a loop over every row, 43 / 81 us a launch; results/
-    # roofline/README.md). Same values (a member's reduction over the same rows); off until
-    # measured on the GPU. Study ours_graph_shared_input_bn.
+    # roofline/README.md). Same values (a member's reduction over the same rows). Measured (study
+    # ours_graph_shared_input_bn, results/learner_benchmark/studies_2026-12-02): 0.989x at W3, 0.975x
+    # at W4; off while W1/W2 (the fused form) are unmeasured and the side-by-side table is without it.
     shared_input_bn_statistics: bool = False
     # The online and target critics as one ensemble of twice the members in the critic loss
     # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per

@@ -103,20 +103,24 @@ GRAPH_STUDIES = {
     # Programmatic Dependent Launch (Hopper+): each generated Triton kernel may start while the one
     # before it finishes, waiting on the device for its data instead of on the launch. W1 is a
     # dependent chain of ~350 small kernels whose gaps add ~0.36 ms to ~0.96 ms of kernel time
-    # (the captured graph keeps the programmatic edges; cuBLAS GEMMs launch as before)
+    # (the captured graph keeps the programmatic edges; cuBLAS GEMMs launch as before).
+    # Measured 2026-12-02: 1.013x / 0.977x / 1.011x at W1 / W2 / W4
     "ours_graph_pdl": {"inductor_options": {"triton.enable_pdl": True}},
     # the critic's weight gradients formed in the weights' own layout (contiguous_weight_grads):
     # einsum's come out transposed and the flat gradient's assembly gathers them with strided
-    # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration)
+    # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration).
+    # Measured 2026-12-02: 0.993x / 0.988x / 1.000x at W1 / W2 / W4
     "ours_graph_weight_grads": {"contiguous_weight_grads": True},
     # the critic's input BN statistics reduced once for both members, which normalize the same rows
     # (shared_input_bn_statistics: half the slowest BN kernel's work at W3/W4), alone and with the
-    # 128-row chunks that give that reduction more thread blocks
+    # 128-row chunks that give that reduction more thread blocks. Measured 2026-12-02 (W3 / W4):
+    # shared 0.989x / 0.975x, chunks 1.012x / 0.961x, both 1.000x / 0.970x
     "ours_graph_shared_input_bn": {"shared_input_bn_statistics": True},
     "ours_graph_shared_input_bn_chunks": {"shared_input_bn_statistics": True, "input_bn_chunk_rows": 128},
     # AOTAutograd's activation memory budget (split form, W3/W4): the backward recomputes the critic's
     # BN apply and ReLU from the saved bf16 GEMM outputs instead of reading fp32 copies the forward
-    # wrote (W3's critic loss: 193 -> 57 MB saved an update; experiments/bench/saved_activations.py)
+    # wrote (W3's critic loss: 193 -> 57 MB saved an update; experiments/bench/saved_activations.py).
+    # Measured 2026-12-02: 1.069x at W3, 1.088x at W4 (the recomputation costs more than the read)
     "ours_graph_budget": {"activation_memory_budget": 0.7},
 }
 VARIANTS = (
