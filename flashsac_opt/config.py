@@ -109,6 +109,15 @@ class EngineOptions:
     # the recomputation lands in the backward's reductions and combo kernels, which then cost more
     # than reading the saved copy did (results/learner_benchmark/studies_2026-12-02). Off.
     activation_memory_budget: float | None = None
+    # Under autocast, the critic's ReLU after each up projection's BN runs on the autocast dtype
+    # (the BN output rounded first) instead of on the BN's fp32 output (a bf16 GEMM output times
+    # the fp32 BN affine). Its only consumer is the down GEMM, which autocast feeds the rounded
+    # value anyway, and rounding commutes with ReLU: the same forward values, the same gradients
+    # (the mask of a rounded value is the fp32 one's, except below bf16's smallest subnormal), but
+    # the forward writes and the backward reads a bf16 tensor where they used an fp32 one beside
+    # its bf16 cast (W3's critic loss: 2 x 33.5 MB an update; experiments/bench/saved_activations.py).
+    # No autocast (fp32, CPU): nothing changes, eager stays UniLab's. Study ours_graph_relu_bf16.
+    relu_in_autocast_dtype: bool = False
     # Under autocast, cast each network's GEMM weights to bf16 in one kernel per call (they
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
     # values; False exists to measure the difference (benchmark variant ours_graph_percast).

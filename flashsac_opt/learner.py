@@ -113,6 +113,7 @@ class FlashSACLearner:
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
             net.contiguous_weight_grads = cfg.contiguous_weight_grads
             net.shared_input_bn_statistics = cfg.shared_input_bn_statistics
+            net.relu_in_autocast_dtype = cfg.relu_in_autocast_dtype
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(

@@ -472,6 +472,8 @@ class FlashSACCritic(_FlatNetwork):
     contiguous_weight_grads = False
     # The input BN's statistics reduced once for all members (EngineOptions.shared_input_bn_statistics).
     shared_input_bn_statistics = False
+    # The up projections' ReLU on autocast's dtype (EngineOptions.relu_in_autocast_dtype).
+    relu_in_autocast_dtype = False
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.contiguous_weight_grads:
@@ -547,7 +549,13 @@ class FlashSACCritic(_FlatNetwork):
         for i in range(self.num_blocks):
             b = f"block{i}"
             y = self._linear(x, w[f"{b}.up"])
-            y = F.relu(self._bn(y, p, s, f"{b}.up_bn", training, new_stats))
+            y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
+            if self.relu_in_autocast_dtype and torch.is_autocast_enabled(y.device.type):
+                # Round before the ReLU, not after: rounding to nearest keeps order and sign, so
+                # the down GEMM gets the same values, and the backward keeps this bf16 output
+                # instead of an fp32 one (the fp32 comes from the BN affine's fp32 weights).
+                y = y.to(torch.get_autocast_dtype(y.device.type))
+            y = F.relu(y)
             y = self._linear(y, w[f"{b}.down"])
             y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
             x = y + x

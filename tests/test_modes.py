@@ -411,6 +411,36 @@ def test_activation_memory_budget_saves_fewer_bytes_for_the_same_update():
             make("compile", activation_memory_budget=bad)
 
 
+def test_relu_in_autocast_dtype_gives_the_same_update_and_keeps_less_for_the_backward():
+    """relu_in_autocast_dtype: under bf16 autocast (CPU's here, as the CUDA learner runs it) the
+    update is the default's bit for bit (rounding commutes with ReLU, and the down GEMM got the
+    rounded value anyway); the split form's critic backward keeps fewer bytes (a bf16 ReLU output
+    instead of an fp32 one); without autocast the option does nothing."""
+    data = batches(make("eager"), 3)
+    runs = {}
+    for option in (False, True):
+        learner = make("eager", relu_in_autocast_dtype=option)
+        learner.amp_dtype = torch.bfloat16  # the CUDA learner's autocast, on CPU
+        runs[option] = (learner, train(learner, data))
+    (plain, lp), (rounded, lr) = runs[False], runs[True]
+    assert rounded.critic.relu_in_autocast_dtype and rounded.target_critic.relu_in_autocast_dtype
+    assert torch.equal(lp, lr)
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(getattr(plain, name).params, getattr(rounded, name).params), name
+    fp32_plain, fp32_option = make("eager"), make("eager", relu_in_autocast_dtype=True)
+    assert torch.equal(train(fp32_plain, data[:1]), train(fp32_option, data[:1]))
+    saved = {}
+    for option in (False, True):
+        torch._dynamo.reset()
+        learner = make("compile", fused_update=False, relu_in_autocast_dtype=option)
+        learner.amp_dtype = torch.bfloat16
+        saved[option] = []
+        learner.engine._backend = _saved_bytes_backend(saved[option])
+        runs[option] = train(learner, data[:1])
+    assert torch.equal(runs[False], runs[True])
+    assert saved[True][0] < saved[False][0], saved  # the critic loss's backward
+
+
 def test_shared_input_bn_statistics_reduce_once_and_keep_the_update_bit_identical(monkeypatch):
     """Every critic member normalizes the same input rows (expanded over the members): reduced
     once, the statistics are each member's own, bit for bit (CPU), so the whole update is; the
@@ -614,6 +644,13 @@ def test_gpu_graph_mode_with_an_activation_memory_budget_tracks_eager():
     """activation_memory_budget: the split form's backward recomputes the BN/ReLU chain from the
     bf16 GEMM outputs instead of reading the forward's fp32 copies, in the captured iteration."""
     _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, fused_update=False, activation_memory_budget=0.7), True)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_mode_with_relu_in_autocast_dtype_tracks_eager():
+    """relu_in_autocast_dtype: the up projections' ReLU on the rounded BN output, in the captured
+    iteration with bf16 autocast (fused form at this batch), against plain eager."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, relu_in_autocast_dtype=True), True)
 
 
 @pytest.mark.gpu

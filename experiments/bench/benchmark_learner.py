@@ -122,6 +122,9 @@ GRAPH_STUDIES = {
     # wrote (W3's critic loss: 193 -> 57 MB saved an update; experiments/bench/saved_activations.py).
     # Measured 2026-12-02: 1.069x at W3, 1.088x at W4 (the recomputation costs more than the read)
     "ours_graph_budget": {"activation_memory_budget": 0.7},
+    # the critic's ReLU after each up projection on the rounded (bf16) BN output: the same values,
+    # but the forward writes and the backward reads bf16 where they used an fp32 copy beside its cast
+    "ours_graph_relu_bf16": {"relu_in_autocast_dtype": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",

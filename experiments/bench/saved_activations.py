@@ -10,7 +10,8 @@ log_softmax to fp32, the hand-written BatchNorm and activations follow their inp
 bf16 GEMM output times the fp32 BN affine is fp32) and lists every saved tensor of each
 backward graph: shape, dtype, bytes, and the GEMMs in forward and backward (a backward with
 more GEMMs recomputes some). Each workload is run with torch's default partition, then with
-the learner's ``activation_memory_budget`` (knapsack recomputation).
+the learner's ``activation_memory_budget`` (knapsack recomputation), then with
+``relu_in_autocast_dtype`` (the up projections' ReLU on the rounded BN output).
 
 Bytes are per update (one loss graph's forward), per network loss. Nothing here times
 anything: the result is the bytes the backward reads back, which bound what recomputation
@@ -32,10 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: co
 from common import run_environment, write_report  # noqa: E402
 from bench.benchmark_learner import WORKLOADS  # noqa: E402
 
-# The learner's EngineOptions.activation_memory_budget values compared (None: torch's default
-# min-cut partition, as Inductor runs it). Below ~0.5 the knapsack starts recomputing GEMMs (W3,
-# 0.2: 16 backward GEMMs in the critic loss instead of 12), which costs FLOPs, not bytes.
-BUDGETS = {"default": None, "budget_0.9": 0.9, "budget_0.7": 0.7, "budget_0.5": 0.5}
+# The settings compared: engine options over the default (torch's min-cut partition, as Inductor
+# runs it). activation_memory_budget below ~0.5 starts recomputing GEMMs (W3, 0.2: 16 backward
+# GEMMs in the critic loss instead of 12), which costs FLOPs, not bytes.
+SETTINGS = {
+    "default": {},
+    "budget_0.9": {"activation_memory_budget": 0.9},
+    "budget_0.7": {"activation_memory_budget": 0.7},
+    "budget_0.5": {"activation_memory_budget": 0.5},
+    "relu_in_autocast_dtype": {"relu_in_autocast_dtype": True},
+}
 
 
 GEMM_OPS = ("mm", "bmm", "addmm", "baddbmm")
@@ -95,7 +102,7 @@ def measure(workload: str, setting: str, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     cfg = FlashSACConfig(
         batch_size=w["batch_size"], updates_per_step=w["updates_per_step"], policy_frequency=w["policy_frequency"],
-        learner_mode="compile", fused_update=False, activation_memory_budget=BUDGETS[setting],
+        learner_mode="compile", fused_update=False, **SETTINGS[setting],
     )
     learner = FlashSACLearner(cfg, device="cpu", **dims)
     learner.engine._backend = recording_backend(graphs)  # the engine's compile boundaries, this backend
@@ -117,7 +124,7 @@ def measure(workload: str, setting: str, seed: int = 0) -> dict:
     total = sum(g["saved_bytes"] for g in losses)
     bf16 = sum(g["bytes_by_dtype"].get("bfloat16", 0) for g in losses)
     return {
-        "workload": workload, "setting": setting, "activation_memory_budget": BUDGETS[setting],
+        "workload": workload, "setting": setting, "options": SETTINGS[setting],
         "rows_per_update": w["batch_size"], "backward_graphs": len(losses), "saved_bytes": total,
         "saved_mb": total / 1e6, "bf16_share": bf16 / total if total else 0.0,
         "backward_gemms": sum(g["backward_gemms"] for g in losses), "losses": losses,
@@ -127,7 +134,7 @@ def measure(workload: str, setting: str, seed: int = 0) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", nargs="+", default=["W3", "W4"], choices=sorted(WORKLOADS))
-    p.add_argument("--settings", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--output", required=True)
     args = p.parse_args()
     rows = []
