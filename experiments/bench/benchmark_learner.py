@@ -125,6 +125,9 @@ GRAPH_STUDIES = {
     # the critic's ReLU after each up projection on the rounded (bf16) BN output: the same values,
     # but the forward writes and the backward reads bf16 where they used an fp32 copy beside its cast
     "ours_graph_relu_bf16": {"relu_in_autocast_dtype": True},
+    # the three options no study found slower anywhere they were measured (2026-12-02), together:
+    # the candidate defaults, for the side by side with UniLab
+    "ours_graph_options": {"contiguous_weight_grads": True, "shared_input_bn_statistics": True, "relu_in_autocast_dtype": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
