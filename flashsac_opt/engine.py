@@ -303,10 +303,10 @@ class Engine:
 
         @functools.wraps(fn)
         def with_budget(*args, **kwargs):
-            # torch.compile compiles at a function's first call (and its backward right after),
-            # reading the partitioner's config then: set it around every call rather than
-            # process-wide, where it would reach other code's compiles. It is part of
-            # AOTAutograd's cache key.
+            # torch.compile compiles at a function's first call, where AOTAutograd partitions
+            # forward and backward with the partitioner's config of that moment: set it around
+            # every call rather than process-wide, where it would reach other code's compiles.
+            # It is part of AOTAutograd's cache key.
             with torch._functorch.config.patch(activation_memory_budget=budget):
                 return compiled(*args, **kwargs)
 

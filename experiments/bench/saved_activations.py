@@ -17,7 +17,7 @@ Bytes are per update (one loss graph's forward), per network loss. Nothing here 
 anything: the result is the bytes the backward reads back, which bound what recomputation
 could save (results/roofline: at W4 BN and activation kernels run near HBM rate).
 
-    python experiments/bench/saved_activations.py --workloads W3 W4 --output results/roofline/saved_activations_cpu.json
+    python experiments/bench/saved_activations.py --workloads W3 W4 --output results/roofline/saved_activations_W3_W4_cpu.json
 """
 
 from __future__ import annotations
