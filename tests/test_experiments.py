@@ -676,17 +676,14 @@ def test_training_benchmark_stops_once_the_moving_mean_reward_reaches_the_thresh
         assert elapsed >= 8 and not watch.reached()  # 0..19 never average 50
 
 
-def test_saved_activations_lists_what_each_backward_keeps_and_the_budget_keeps_less(monkeypatch):
+def test_saved_activations_lists_what_each_backward_keeps(monkeypatch):
     """saved_activations.py: one backward graph per loss (critic, actor) with its saved tensors,
-    bf16 among them (the CUDA learner's autocast, applied on CPU), and the budget's partition keeps
-    fewer bytes with the same GEMMs (nothing expensive recomputed)."""
+    bf16 among them (the CUDA learner's autocast, applied on CPU), fp32 too (the BN affine's
+    promotion), and totals that add up. (That a budget keeps less is test_modes' to check.)"""
     sa = load("bench/saved_activations.py")
-    # 512 rows: at a few rows the saved weight casts outweigh the activations and the budget does not bind
-    monkeypatch.setitem(sa.WORKLOADS, "T", dict(batch_size=512, updates_per_step=2, policy_frequency=2, obs_dim=5, critic_obs_dim=6, action_dim=3))
-    default, budget = sa.measure("T", "default"), sa.measure("T", "budget_0.7")
-    for r in (default, budget):
-        assert r["backward_graphs"] == 2 and r["saved_bytes"] == sum(g["saved_bytes"] for g in r["losses"])
-        assert all(t["bytes"] > 0 and t["dtype"] for g in r["losses"] for t in g["tensors"])
-        assert 0 < r["bf16_share"] < 1
-    assert budget["saved_bytes"] < default["saved_bytes"]
-    assert budget["backward_gemms"] == default["backward_gemms"]
+    monkeypatch.setitem(sa.WORKLOADS, "T", dict(batch_size=64, updates_per_step=2, policy_frequency=2, obs_dim=5, critic_obs_dim=6, action_dim=3))
+    r = sa.measure("T", "default")
+    assert r["backward_graphs"] == 2 and r["saved_bytes"] == sum(g["saved_bytes"] for g in r["losses"])
+    assert all(t["bytes"] > 0 and t["dtype"] for g in r["losses"] for t in g["tensors"])
+    assert {"bfloat16", "float32"} <= {t["dtype"] for g in r["losses"] for t in g["tensors"]}
+    assert 0 < r["bf16_share"] < 1 and r["backward_gemms"] == sum(g["backward_gemms"] for g in r["losses"]) > 0

@@ -439,6 +439,13 @@ def test_relu_in_autocast_dtype_gives_the_same_update_and_keeps_less_for_the_bac
         runs[option] = train(learner, data[:1])
     assert torch.equal(runs[False], runs[True])
     assert saved[True][0] < saved[False][0], saved  # the critic loss's backward
+    fused = {}
+    for option in (False, True):  # the fused form: torch.func's gradient inside one fullgraph compile
+        torch._dynamo.reset()
+        learner = make("compile", compile_backend="aot_eager", fused_update=True, relu_in_autocast_dtype=option)
+        learner.amp_dtype = torch.bfloat16
+        fused[option] = train(learner, data[:1])
+    assert torch.equal(fused[False], fused[True])
 
 
 def test_shared_input_bn_statistics_reduce_once_and_keep_the_update_bit_identical(monkeypatch):
