@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from flashsac_opt.networks import autocast_dtype
+
 if TYPE_CHECKING:
     from flashsac_opt.networks import FlashSACActor
 
@@ -51,8 +53,7 @@ class _Captured(NamedTuple):
 
 
 def _key(obs: torch.Tensor, dones: torch.Tensor | None) -> tuple:
-    device = obs.device.type
-    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    autocast = autocast_dtype(obs.device.type)
     done_key = None if dones is None else (tuple(dones.shape), dones.dtype, dones.device)
     return (tuple(obs.shape), obs.dtype, obs.device, done_key, autocast)
 

@@ -146,11 +146,10 @@ class _FlatNetwork(nn.Module):
         prefix gives all of them at once (the same values, bit for bit). Without autocast,
         or with casting per matmul (``cast_gemm_weights_once = False``), the fp32 views.
         """
-        device = flat.device.type
-        if not (self.cast_gemm_weights_once and flat.dtype == torch.float32 and torch.is_autocast_enabled(device)):
+        low_dtype = autocast_dtype(flat.device.type)
+        if not (self.cast_gemm_weights_once and flat.dtype == torch.float32 and low_dtype is not None):
             return views
-        low = flat[: self.gemm_layout.numel].to(torch.get_autocast_dtype(device))
-        return self.gemm_layout.views(low)
+        return self.gemm_layout.views(flat[: self.gemm_layout.numel].to(low_dtype))
 
     def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
         """Post-step renormalization of a flat parameter tensor (returns a new tensor).
@@ -354,6 +353,11 @@ class FlashSACActor(_FlatNetwork):
         self._held_noise, self._hold_count, self._hold_target = state
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts GEMM inputs to on ``device_type`` right now, None when it is off."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 class _MemberLinear(torch.autograd.Function):
     """y[n] = x[n] @ w[n]^T for every ensemble member n (x (n, B, in), w (n, out, in)), with the
     weight gradient formed as g^T x: it comes out (n, out, in), the weight's own layout.
@@ -385,11 +389,10 @@ def member_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``einsum("nbi,noi->nbo", x, w)`` through _MemberLinear. Under autocast both operands are
     cast first, as autocast would cast them for the bmm, and the Function runs with autocast
     off, so its backward sees the same dtypes as its forward."""
-    device = x.device.type
-    if not torch.is_autocast_enabled(device):
+    dtype = autocast_dtype(x.device.type)
+    if dtype is None:
         return _MemberLinear.apply(x, w)
-    dtype = torch.get_autocast_dtype(device)
-    with torch.autocast(device_type=device, enabled=False):
+    with torch.autocast(device_type=x.device.type, enabled=False):
         return _MemberLinear.apply(x.to(dtype), w.to(dtype))
 
 
@@ -550,11 +553,11 @@ class FlashSACCritic(_FlatNetwork):
             b = f"block{i}"
             y = self._linear(x, w[f"{b}.up"])
             y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
-            if self.relu_in_autocast_dtype and torch.is_autocast_enabled(y.device.type):
+            if self.relu_in_autocast_dtype and (low_dtype := autocast_dtype(y.device.type)) is not None:
                 # Round before the ReLU, not after: rounding to nearest keeps order and sign, so
                 # the down GEMM gets the same values, and the backward keeps this bf16 output
                 # instead of an fp32 one (the fp32 comes from the BN affine's fp32 weights).
-                y = y.to(torch.get_autocast_dtype(y.device.type))
+                y = y.to(low_dtype)
             y = F.relu(y)
             y = self._linear(y, w[f"{b}.down"])
             y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
