@@ -10,6 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import COL, FlashSACLearner
 from flashsac_opt.testing.oracle import synthetic_batch
+from flashsac_opt.testing.saved_tensors import recording_backend, saved_bytes
 
 DIMS = {"obs_dim": 12, "critic_obs_dim": 15, "action_dim": 4}
 SMALL = dict(batch_size=16, updates_per_step=4, policy_frequency=2, actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21)
@@ -371,21 +372,6 @@ def test_contiguous_weight_grads_keep_the_update_within_rounding_and_compile_op_
             assert torch.equal(getattr(compiled, name).params, getattr(option, name).params), (fused_update, name)
 
 
-def _saved_bytes_backend(saved: list[int]):
-    """AOTAutograd with Inductor's partitioner, graphs run eagerly; appends the bytes each
-    backward graph takes from its forward (its inputs other than incoming gradients)."""
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-
-    def bw_compiler(gm, example_inputs):
-        vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
-        saved.append(sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor)))
-        return make_boxed_func(gm.forward)
-
-    return aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=bw_compiler,
-                        partition_fn=min_cut_rematerialization_partition)
-
-
 def test_activation_memory_budget_saves_fewer_bytes_for_the_same_update():
     """activation_memory_budget: the split form's losses keep less for their backward (the
     partitioner recomputes the BN/ReLU chain instead), the update is the same bit for bit, and
@@ -395,9 +381,9 @@ def test_activation_memory_budget_saves_fewer_bytes_for_the_same_update():
     for budget in (None, 0.7):
         torch._dynamo.reset()
         learner = make("compile", fused_update=False, activation_memory_budget=budget)
-        saved: list[int] = []
-        learner.engine._backend = _saved_bytes_backend(saved)
-        runs[budget] = (learner, train(learner, data), saved)
+        graphs: list[dict] = []
+        learner.engine._backend = recording_backend(graphs)  # Inductor's partitioner, graphs run eagerly
+        runs[budget] = (learner, train(learner, data), [saved_bytes(g) for g in graphs])
     (plain, lp, saved_plain), (budgeted, lb, saved_budget) = runs[None], runs[0.7]
     assert len(saved_plain) == len(saved_budget) == 2  # critic loss, actor loss
     # the critic's (these small widths: 252 against 360 kB, the parameters are most of it)
@@ -434,9 +420,10 @@ def test_relu_in_autocast_dtype_gives_the_same_update_and_keeps_less_for_the_bac
         torch._dynamo.reset()
         learner = make("compile", fused_update=False, relu_in_autocast_dtype=option)
         learner.amp_dtype = torch.bfloat16
-        saved[option] = []
-        learner.engine._backend = _saved_bytes_backend(saved[option])
+        graphs = []
+        learner.engine._backend = recording_backend(graphs)  # Inductor's partitioner, graphs run eagerly
         runs[option] = train(learner, data[:1])
+        saved[option] = [saved_bytes(g) for g in graphs]
     assert torch.equal(runs[False], runs[True])
     assert saved[True][0] < saved[False][0], saved  # the critic loss's backward
     fused = {}
@@ -759,6 +746,7 @@ import json, sys, time, torch
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.testing.oracle import synthetic_batch
+from flashsac_opt.testing.saved_tensors import recording_backend, saved_bytes
 cfg = FlashSACConfig(batch_size=256, updates_per_step=2, learner_mode="graph", compile_cache_file=sys.argv[1])
 batch = synthetic_batch(512, obs_dim=98, critic_obs_dim=101, action_dim=29, generator=torch.Generator().manual_seed(0), device="cuda")
 start = time.perf_counter()

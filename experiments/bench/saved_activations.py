@@ -4,7 +4,7 @@ Issue 18 asks for bf16 saved activations and for recomputation where it is cheap
 read. This answers the first question and sizes the second without a GPU: the learner's split
 form (W3/W4, above ``FUSED_UPDATE_MAX_BATCH`` rows) goes through AOTAutograd, whose
 min-cut partitioner (the one Inductor uses) decides what the forward saves. A recording
-backend runs that partitioner on the learner's own compiled losses under bf16 autocast (CPU
+backend (flashsac_opt/testing/saved_tensors.py) runs that partitioner on the learner's own compiled losses under bf16 autocast (CPU
 autocast; this model's ops fall in the same autocast classes on CUDA: GEMMs to bf16,
 log_softmax to fp32, the hand-written BatchNorm and activations follow their inputs, so a
 bf16 GEMM output times the fp32 BN affine is fp32) and lists every saved tensor of each
@@ -45,55 +45,12 @@ SETTINGS = {
 }
 
 
-GEMM_OPS = ("mm", "bmm", "addmm", "baddbmm")
-
-
-def _gemm_count(graph: torch.fx.GraphModule) -> int:
-    """GEMM nodes in a graph: the backward's count shows whether the partitioner recomputes any."""
-    return sum(1 for n in graph.graph.nodes if n.op == "call_function" and getattr(n.target, "__name__", "").split(".")[0] in GEMM_OPS)
-
-
-def _saved_tensors(bw_graph: torch.fx.GraphModule) -> list[dict]:
-    """The backward graph's inputs that are not incoming gradients: what the forward saved."""
-    saved = []
-    for node in bw_graph.graph.nodes:
-        if node.op != "placeholder" or node.name.startswith("tangents"):
-            continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue  # symbolic sizes, RNG seeds as ints
-        saved.append(
-            {"name": node.name, "shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch."),
-             "bytes": val.numel() * val.element_size()}
-        )
-    return saved
-
-
-def recording_backend(graphs: list[dict]):
-    """An AOTAutograd backend with Inductor's partitioner that runs the graphs eagerly and
-    appends each backward graph's saved tensors to ``graphs``."""
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-
-    forward_gemms: list[int] = []
-
-    def fw_compiler(gm, example_inputs):
-        forward_gemms.append(_gemm_count(gm))
-        return make_boxed_func(gm.forward)
-
-    def bw_compiler(gm, example_inputs):
-        # A loss's backward is compiled at its first autograd.grad, before the next loss's forward.
-        graphs.append({"saved": _saved_tensors(gm), "forward_gemms": forward_gemms[-1], "backward_gemms": _gemm_count(gm)})
-        return make_boxed_func(gm.forward)
-
-    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=min_cut_rematerialization_partition)
-
-
 def measure(workload: str, setting: str, seed: int = 0) -> dict:
     """One learner iteration (split form, bf16 autocast, CPU) with the recording backend."""
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
     from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.testing.saved_tensors import recording_backend, saved_bytes
 
     w = WORKLOADS[workload]
     dims = {k: w[k] for k in ("obs_dim", "critic_obs_dim", "action_dim")}
@@ -118,7 +75,7 @@ def measure(workload: str, setting: str, seed: int = 0) -> dict:
         for t in g["saved"]:
             by_dtype[t["dtype"]] += t["bytes"]
         losses.append({
-            "saved_tensors": len(g["saved"]), "saved_bytes": sum(by_dtype.values()), "bytes_by_dtype": dict(by_dtype),
+            "saved_tensors": len(g["saved"]), "saved_bytes": saved_bytes(g), "bytes_by_dtype": dict(by_dtype),
             "forward_gemms": g["forward_gemms"], "backward_gemms": g["backward_gemms"], "tensors": g["saved"],
         })
     total = sum(g["saved_bytes"] for g in losses)
