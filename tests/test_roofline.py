@@ -88,6 +88,28 @@ def test_inductor_byte_counts_give_each_memory_class_its_rate_and_floor(roofline
     # without byte counts there is no whole floor, only the GEMM's
     plain = roofline.table({**cell, "kernel_classes": roofline.kernel_classes(by_name, 3)}, {"gemm_flops": 1.0e11}, peaks)
     assert plain["floor_us"] is None and plain["gemm_floor_us"] == pytest.approx(200.0)
+    assert "chain_floor_us" not in t and "launch_floor_us" not in rows["GEMM"]  # no measured kernel latency
+
+
+def test_a_measured_kernel_latency_gives_each_class_and_the_chain_its_launch_floor(roofline):
+    by_name = {"nvjet_a": (6, 600.0), "triton_red_fused_mean_var_1": (9, 300.0), "triton_poi_fused_3": (3, 30.0)}
+    cell = {"variant": "ours_graph", "workload": "W1", "ms_median": 1.0, "kernel_us_per_iteration": 310.0,
+            "kernel_classes": roofline.kernel_classes(by_name, iterations=3)}
+    t = roofline.table(cell, {"gemm_flops": 1.0e9}, {"bf16_dense_tflops": 500.0, "hbm_tb_per_s": 4.0, "graph_kernel_us": 2.5})
+    rows = {r["class"]: r for r in t["rows"]}
+    assert rows["GEMM"]["launch_floor_us"] == pytest.approx(2 * 2.5)  # 2 kernels an iteration
+    assert rows["BN statistics"]["launch_floor_us"] == pytest.approx(3 * 2.5)
+    assert rows["other"]["launch_floor_us"] == pytest.approx(1 * 2.5) and rows["activations"]["launch_floor_us"] == 0
+    assert t["chain_floor_us"] == pytest.approx(6 * 2.5)  # every kernel of the iteration, one after another
+
+
+@pytest.mark.gpu
+def test_a_graph_kernel_takes_microseconds_not_nanoseconds_or_milliseconds(roofline):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    us = roofline.graph_kernel_us(kernels=200)
+    assert 0.3 < us < 50.0, us  # a replayed graph launches back to back: far below a stream launch's ~5 us
 
 
 @pytest.mark.gpu

@@ -20,7 +20,10 @@ outputs take (each read or written once: the fewest the fused kernel must move).
 iteration, the GB/s it achieves over the time of the kernels with a count, and the floor of
 those bytes at the HBM bandwidth. Vendor kernels (cuBLAS, ATen) have no count. The peaks the
 floors use are measured on the same GPU when the benchmark ran with --kernel-bytes
-(`measure_peaks`: a 1-GiB device copy, an 8192^3 bf16 GEMM), else the datasheet's.
+(`measure_peaks`: a 1-GiB device copy, an 8192^3 bf16 GEMM), else the datasheet's. The
+third ceiling is latency: a dependent kernel in a CUDA graph that does nearly nothing still takes
+`graph_kernel_us` (measured the same way); each class's `launch_floor_us` is its kernel count
+times that, and the cell's `chain_floor_us` the whole iteration's (W1's bound: many small kernels).
 
     python experiments/bench/roofline.py --input results/learner_benchmark/benchmark_learner_side_by_side_W3_W4.json \\
         --variant ours_graph --output results/roofline/roofline_W3_W4.json --plot results/roofline/roofline_W3_W4.png
@@ -111,9 +114,9 @@ def inductor_kernel_sources(names: list[str], limit: int = 8000) -> dict[str, li
 
 
 def measure_peaks(device: str = "cuda") -> dict[str, float]:
-    """The two ceilings on this GPU (device events, median of 20 after warm-up): HBM TB/s of a
-    1-GiB device-to-device copy (bytes read + written) and TFLOP/s of an 8192^3 bf16 GEMM on
-    random data (zeros run faster than real data)."""
+    """The ceilings on this GPU (device events, median of 20 after warm-up): HBM TB/s of a
+    1-GiB device-to-device copy (bytes read + written), TFLOP/s of an 8192^3 bf16 GEMM on
+    random data (zeros run faster than real data) and a dependent kernel's time in a CUDA graph."""
     import torch
 
     from common import cuda_event_ms
@@ -129,7 +132,31 @@ def measure_peaks(device: str = "cuda") -> dict[str, float]:
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     gemm_ms = median_ms(lambda: a @ b)
     del src, dst, a, b
-    return {"hbm_tb_per_s": 2 * 2**30 / (copy_ms * 1e-3) / 1e12, "bf16_dense_tflops": 2 * n**3 / (gemm_ms * 1e-3) / 1e12}
+    return {"hbm_tb_per_s": 2 * 2**30 / (copy_ms * 1e-3) / 1e12, "bf16_dense_tflops": 2 * n**3 / (gemm_ms * 1e-3) / 1e12,
+            "graph_kernel_us": graph_kernel_us(device)}
+
+
+def graph_kernel_us(device: str = "cuda", kernels: int = 1000) -> float:
+    """Microseconds a dependent kernel takes in a CUDA graph when it does (almost) nothing: a
+    captured chain of ``kernels`` in-place adds on one float, replayed, median of 20. The third
+    ceiling, for W1's chain of small kernels: no iteration of n dependent kernels runs faster than
+    n times this, whatever their bytes and FLOPs."""
+    import torch
+
+    from common import cuda_event_ms
+
+    x = torch.zeros(1, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
+        x.add_(1.0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            x.add_(1.0)
+    times = sorted(cuda_event_ms(graph.replay, warmup=3, repeat=20))
+    return times[len(times) // 2] * 1e3 / kernels
 
 
 def work(workload: dict) -> dict[str, float]:
@@ -179,12 +206,19 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
     if source == "top_kernels":  # GEMMs outside the top 40 are missing from its time
         gemm["tflops_achieved_is_upper_bound"] = True
     memory_floor = [r["floor_us"] for r in rows[1:] if "floor_us" in r]
+    chain = {}
+    if peaks.get("graph_kernel_us"):  # measured with the peaks: the launch floor of each class's kernels
+        for r in rows:
+            r["launch_floor_us"] = r["kernels"] * peaks["graph_kernel_us"]
+        # no iteration of these kernels, run one after another, is shorter than their count's floor
+        chain = {"chain_floor_us": sum(r["kernels"] for r in rows) * peaks["graph_kernel_us"]}
     return {
         "variant": cell["variant"], "workload": cell["workload"], "ms_median": cell["ms_median"],
         "kernel_us_per_iteration": total, "source": source, "coverage": covered / total if total else None,
         "rows": rows, "work": counts, "peaks": peaks, "gemm_floor_us": gemm["floor_us"],
         # the GEMM FLOPs at peak plus every counted byte at HBM speed, one after the other
         "floor_us": gemm["floor_us"] + sum(memory_floor) if memory_floor else None,
+        **chain,
     }
 
 
