@@ -133,7 +133,7 @@ def measure_peaks(device: str = "cuda") -> dict[str, float]:
     gemm_ms = median_ms(lambda: a @ b)
     del src, dst, a, b
     return {"hbm_tb_per_s": 2 * 2**30 / (copy_ms * 1e-3) / 1e12, "bf16_dense_tflops": 2 * n**3 / (gemm_ms * 1e-3) / 1e12,
-            "graph_kernel_us": graph_kernel_us(device)}
+            "graph_kernel_us": graph_kernel_us(device), "sm_count": torch.cuda.get_device_properties(device).multi_processor_count}
 
 
 def graph_kernel_us(device: str = "cuda", kernels: int = 1000) -> float:
