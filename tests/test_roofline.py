@@ -157,3 +157,16 @@ def test_kernel_sources_come_from_the_loaded_modules_one_per_distinct_body(roofl
     monkeypatch.setattr(PyCodeCache, "modules_no_attr", {})
     found = roofline.inductor_kernel_sources(["triton_poi_fused_3", "triton_red_fused_9"], limit=5)
     assert found == {"triton_poi_fused_3": ["def a", "def c"]}  # cut at the limit; the repeat of a kept once
+
+
+def test_the_ratio_without_a_class_bounds_what_a_remedy_of_that_class_can_give(roofline):
+    cell = {"variant": "ours_graph", "workload": "W4", "ms_median": 10.0, "kernel_us_per_iteration": 9000.0,
+            "kernel_classes": roofline.kernel_classes({"nvjet_a": (1, 4000.0), "triton_red_fused_mean_var_1": (1, 3000.0),
+                                                       "triton_poi_fused_7": (1, 2000.0)}, iterations=1)}
+    t = roofline.against_unilab(roofline.table(cell, {"gemm_flops": 1.0e12}), unilab_ms=16.0)
+    rows = {r["class"]: r for r in t["rows"]}
+    assert t["ratio_to_unilab_graph"] == pytest.approx(10.0 / 16.0)
+    assert rows["GEMM"]["ratio_without_class"] == pytest.approx(6.0 / 16.0)
+    assert rows["BN statistics"]["ratio_without_class"] == pytest.approx(7.0 / 16.0)
+    assert rows["other"]["ratio_without_class"] == pytest.approx(8.0 / 16.0)
+    assert rows["BN apply"]["ratio_without_class"] == pytest.approx(10.0 / 16.0)  # a class with no kernels gives nothing

@@ -222,6 +222,17 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
     }
 
 
+def against_unilab(cell: dict, unilab_ms: float) -> dict:
+    """Add to a roofline cell its ratio to UniLab's default path (``unilab_ms``, measured in another
+    process or call: a reading, not a side by side) and, per class, the ratio were that class's
+    whole kernel time removed from the iteration: no remedy aimed at one class can do better."""
+    cell["unilab_graph_ms"] = unilab_ms
+    cell["ratio_to_unilab_graph"] = cell["ms_median"] / unilab_ms
+    for r in cell["rows"]:
+        r["ratio_without_class"] = max(cell["ms_median"] - r["us"] / 1e3, 0.0) / unilab_ms
+    return cell
+
+
 def plot(report: dict, path: Path) -> None:
     from report import plotting
 
@@ -256,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", help="cells of this variant (repeatable; default ours_graph and unilab_graph)")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--against", type=Path, help="a side-by-side benchmark JSON with unilab_graph cells (run on the same "
+                        "GPU): each cell gets its ratio to UniLab's default path and, per class, the ratio were that class's "
+                        "whole kernel time gone (the most any remedy of that class can give)")
     args = parser.parse_args(argv)
     bench = json.loads(args.input.read_text())
     variants = args.variant or ["unilab_graph", "ours_graph"]
@@ -273,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         "cells": [table(c, counted[c["workload"]], peaks) for c in cells],
         "command": " ".join(["python", *sys.argv]),
     }
+    if args.against:
+        unilab_ms = {c["workload"]: c["ms_median"] for c in json.loads(args.against.read_text())["cells"]
+                     if c["variant"] == "unilab_graph" and "ms_median" in c}
+        report["against"] = str(args.against)
+        for c in report["cells"]:
+            if c["workload"] in unilab_ms:
+                against_unilab(c, unilab_ms[c["workload"]])
     write_report(report, args.output, plot if args.plot else None, args.plot)
     for c in report["cells"]:
         g = c["rows"][0]
