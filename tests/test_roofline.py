@@ -85,6 +85,8 @@ def test_inductor_byte_counts_give_each_memory_class_its_rate_and_floor(roofline
     assert "floor_us" not in rows["activations"]
     assert rows["GEMM"]["floor_us"] == pytest.approx(200.0)  # 1e11 FLOP at 500 TFLOP/s
     assert t["floor_us"] == pytest.approx(200.0 + 25.0 + 25.0)
+    # at the floors: GEMMs 200 -> 200 us, BN statistics 100 -> 25, BN apply 30 -> 25, the relu kernel (no count) as measured
+    assert t["ms_at_class_floors"] == pytest.approx(1.0 - (75.0 + 5.0) / 1e3)
     # without byte counts there is no whole floor, only the GEMM's
     plain = roofline.table({**cell, "kernel_classes": roofline.kernel_classes(by_name, 3)}, {"gemm_flops": 1.0e11}, peaks)
     assert plain["floor_us"] is None and plain["gemm_floor_us"] == pytest.approx(200.0)
@@ -101,6 +103,8 @@ def test_a_measured_kernel_latency_gives_each_class_and_the_chain_its_launch_flo
     assert rows["BN statistics"]["launch_floor_us"] == pytest.approx(3 * 2.5)
     assert rows["other"]["launch_floor_us"] == pytest.approx(1 * 2.5) and rows["activations"]["launch_floor_us"] == 0
     assert t["chain_floor_us"] == pytest.approx(6 * 2.5)  # every kernel of the iteration, one after another
+    # no byte counts: only the GEMMs can come down, to their launch floor (above their FLOP floor of 2 us)
+    assert t["ms_at_class_floors"] == pytest.approx(1.0 - (200.0 - 5.0) / 1e3)
 
 
 @pytest.mark.gpu
@@ -166,6 +170,7 @@ def test_the_ratio_without_a_class_bounds_what_a_remedy_of_that_class_can_give(r
     t = roofline.against_unilab(roofline.table(cell, {"gemm_flops": 1.0e12}), unilab_ms=16.0)
     rows = {r["class"]: r for r in t["rows"]}
     assert t["ratio_to_unilab_graph"] == pytest.approx(10.0 / 16.0)
+    assert t["ratio_at_class_floors"] == pytest.approx(t["ms_at_class_floors"] / 16.0)
     assert rows["GEMM"]["ratio_without_class"] == pytest.approx(6.0 / 16.0)
     assert rows["BN statistics"]["ratio_without_class"] == pytest.approx(7.0 / 16.0)
     assert rows["other"]["ratio_without_class"] == pytest.approx(8.0 / 16.0)

@@ -212,8 +212,18 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
             r["launch_floor_us"] = r["kernels"] * peaks["graph_kernel_us"]
         # no iteration of these kernels, run one after another, is shorter than their count's floor
         chain = {"chain_floor_us": sum(r["kernels"] for r in rows) * peaks["graph_kernel_us"]}
+    # Every kernel with a count at its class's ceiling (GEMMs at the bf16 peak, counted bytes at the
+    # HBM rate, none under the graph-kernel latency), the rest as measured: the iteration the
+    # current dataflow allows at best. Going below it needs fewer bytes or FLOPs, not faster kernels.
+    above_floor_us = 0.0
+    for r in rows:
+        counted = 1.0 if r is gemm else r.get("gb_covered_share", 0.0)
+        if counted and r.get("floor_us") is not None:
+            floor = max(r["floor_us"], r.get("launch_floor_us", 0.0) * counted)
+            above_floor_us += max(r["us"] * counted - floor, 0.0)
     return {
         "variant": cell["variant"], "workload": cell["workload"], "ms_median": cell["ms_median"],
+        "ms_at_class_floors": cell["ms_median"] - above_floor_us / 1e3,
         "kernel_us_per_iteration": total, "source": source, "coverage": covered / total if total else None,
         "rows": rows, "work": counts, "peaks": peaks, "gemm_floor_us": gemm["floor_us"],
         # the GEMM FLOPs at peak plus every counted byte at HBM speed, one after the other
@@ -228,6 +238,7 @@ def against_unilab(cell: dict, unilab_ms: float) -> dict:
     whole kernel time removed from the iteration: no remedy aimed at one class can do better."""
     cell["unilab_graph_ms"] = unilab_ms
     cell["ratio_to_unilab_graph"] = cell["ms_median"] / unilab_ms
+    cell["ratio_at_class_floors"] = cell["ms_at_class_floors"] / unilab_ms
     for r in cell["rows"]:
         r["ratio_without_class"] = max(cell["ms_median"] - r["us"] / 1e3, 0.0) / unilab_ms
     return cell
