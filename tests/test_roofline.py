@@ -109,9 +109,6 @@ def test_a_measured_kernel_latency_gives_each_class_and_the_chain_its_launch_flo
 
 @pytest.mark.gpu
 def test_a_graph_kernel_takes_microseconds_not_nanoseconds_or_milliseconds(roofline):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     us = roofline.graph_kernel_us(kernels=200)
     assert 0.3 < us < 50.0, us  # a replayed graph launches back to back: far below a stream launch's ~5 us
 

@@ -116,7 +116,8 @@ def inductor_kernel_sources(names: list[str], limit: int = 8000) -> dict[str, li
 def measure_peaks(device: str = "cuda") -> dict[str, float]:
     """The ceilings on this GPU (device events, median of 20 after warm-up): HBM TB/s of a
     1-GiB device-to-device copy (bytes read + written), TFLOP/s of an 8192^3 bf16 GEMM on
-    random data (zeros run faster than real data) and a dependent kernel's time in a CUDA graph."""
+    random data (zeros run faster than real data) and a dependent kernel's time in a CUDA graph;
+    with them the SM count, to read a small GEMM's grid against."""
     import torch
 
     from common import cuda_event_ms
@@ -213,8 +214,9 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
         # no iteration of these kernels, run one after another, is shorter than their count's floor
         chain = {"chain_floor_us": sum(r["kernels"] for r in rows) * peaks["graph_kernel_us"]}
     # Every kernel with a count at its class's ceiling (GEMMs at the bf16 peak, counted bytes at the
-    # HBM rate, none under the graph-kernel latency), the rest as measured: the iteration the
-    # current dataflow allows at best. Going below it needs fewer bytes or FLOPs, not faster kernels.
+    # HBM rate, none under the graph-kernel latency), the rest as measured: what faster kernels
+    # alone can give, as far as the counts reach. Below it: fewer bytes or FLOPs, or the kernels
+    # without a count (ambiguous names, vendor kernels other than GEMMs) faster.
     above_floor_us = 0.0
     for r in rows:
         counted = 1.0 if r is gemm else r.get("gb_covered_share", 0.0)
