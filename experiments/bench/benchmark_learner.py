@@ -275,6 +275,14 @@ def _compile_seconds() -> dict[str, float]:
     return {k: float(sum(v)) for k, v in compilation_time_metrics.items()}
 
 
+def _cache_counters() -> dict[str, int]:
+    """torch's compile-cache counters so far in this process (Inductor and AOTAutograd)."""
+    from torch._dynamo.utils import counters
+
+    return {f"{group}.{key}": int(value) for group in ("inductor", "aot_autograd")
+            for key, value in counters[group].items() if "cache" in key}
+
+
 def ratios(cells: list[dict]) -> list[dict]:
     """Per workload, from the same run: flashsac_opt's modes against UniLab's (b) and (c), and
     graph-mode variants (Inductor studies, fused/split, in-graph replay) against ours_graph."""
@@ -355,7 +363,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    compile_before = _compile_seconds()
+    compile_before, cache_before = _compile_seconds(), _cache_counters()
     pool = Pool(max(POOL_ROWS, 2 * rows), w["obs_dim"], w["critic_obs_dim"], w["action_dim"], device)
     first = pool.sample(rows)
     torch.cuda.synchronize()
@@ -402,16 +410,11 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
             if v - compile_before.get(k, 0.0) >= 0.05
         },
     }
-    # Inductor's FX-graph and AOTAutograd cache hits and misses in this process: a process that
-    # misses nothing on a cache another tree filled compiled graphs identical to that tree's.
-    from torch._dynamo.utils import counters
-
-    cell["compile_cache_counters"] = {
-        f"{group}.{key}": int(value)
-        for group in ("inductor", "aot_autograd")
-        for key, value in counters[group].items()
-        if "cache" in key
-    }
+    # Inductor's FX-graph and AOTAutograd cache hits, misses and bypasses of this cell's compile
+    # (torch's counters are per process: the cells before it are subtracted). A cell that misses
+    # nothing on a cache another tree filled compiled graphs identical to that tree's.
+    cache_after = _cache_counters()
+    cell["compile_cache_counters"] = {k: v - cache_before.get(k, 0) for k, v in cache_after.items() if v != cache_before.get(k, 0)}
     graph = learner.engine.graph if variant.startswith("ours_") else None  # graph mode's captured iteration
     if graph is not None:
         cell["graph_warmup_s"] = graph.last_warmup_seconds
