@@ -687,3 +687,28 @@ def test_saved_activations_lists_what_each_backward_keeps(monkeypatch):
     assert all(t["bytes"] > 0 and t["dtype"] for g in r["losses"] for t in g["tensors"])
     assert {"bfloat16", "float32"} <= {t["dtype"] for g in r["losses"] for t in g["tensors"]}
     assert 0 < r["bf16_share"] < 1 and r["backward_gemms"] == sum(g["backward_gemms"] for g in r["losses"]) > 0
+
+
+def test_benchmark_records_why_aotautograd_bypassed_its_cache(tmp_path, monkeypatch):
+    """A graph with an autocast region: on CPU, AOTAutograd's cache bypasses it and torch gives
+    the reason to its logger only; the benchmark's handler keeps it (the options' warm start on
+    the H200 doubled on two such bypasses whose reason the JSON did not hold)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    bench = load("bench/benchmark_learner.py")
+
+    def loss(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return (x @ w).float().square().mean()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)
+    x, w = torch.randn(8, 4), torch.randn(4, 4, requires_grad=True)
+    with bench.CacheBypassReasons() as bypass:
+        compiled(x, w).backward()
+    assert any("autocast" in r for r in bypass.reasons), bypass.reasons
+    # detached afterwards: a later compile's bypass is not collected
+    torch._dynamo.reset()
+    with bench.CacheBypassReasons() as nothing:
+        pass
+    torch.compile(loss, fullgraph=True)(x, w).backward()
+    assert nothing.reasons == [] and bypass.reasons and len(set(bypass.reasons)) == len(bypass.reasons)

@@ -648,6 +648,16 @@ def test_gpu_graph_mode_with_relu_in_autocast_dtype_tracks_eager():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused_update", [True, False], ids=["fused", "split"])
+def test_gpu_graph_mode_with_the_candidate_options_together_tracks_eager(fused_update):
+    """The three options measured together beside UniLab (`ours_graph_options`): weight gradients
+    in the weights' layout, the input BN's statistics once for both members and the bf16 ReLU, in
+    both update forms (W1/W2 run fused, W3/W4 split), against plain eager."""
+    _assert_tracks_eager(_drift_against_eager("graph", True, updates_per_step=8, fused_update=fused_update, contiguous_weight_grads=True,
+                                              shared_input_bn_statistics=True, relu_in_autocast_dtype=True), True)
+
+
+@pytest.mark.gpu
 def test_gpu_graph_mode_with_the_target_branch_on_a_second_stream_tracks_eager():
     """critic_target_stream: the captured iteration forks the target branch onto a second stream
     and joins it before the loss; a missing join would read half-written target distributions."""

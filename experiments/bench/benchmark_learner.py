@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import statistics
 import sys
@@ -283,6 +284,40 @@ def _cache_counters() -> dict[str, int]:
             for key, value in counters[group].items() if "cache" in key}
 
 
+class CacheBypassReasons(logging.Handler):
+    """Why AOTAutograd's cache bypassed a graph: torch counts bypasses but gives the reason only
+    to its logger (at INFO). Attached for one cell's compile; ``reasons`` holds each distinct
+    reason's first line (a bypassed graph is traced and partitioned again at every launch)."""
+
+    LOGGER = "torch._functorch._aot_autograd.autograd_cache"
+    PREFIX = "Bypassing autograd cache due to: "
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(self.PREFIX):
+            lines = message[len(self.PREFIX):].strip().splitlines()
+            reason = lines[0] if lines else ""
+            if reason not in self.reasons:
+                self.reasons.append(reason)
+
+    def __enter__(self) -> "CacheBypassReasons":
+        logger = logging.getLogger(self.LOGGER)
+        self._level = logger.level
+        logger.addHandler(self)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
+
+
 def ratios(cells: list[dict]) -> list[dict]:
     """Per workload, from the same run: flashsac_opt's modes against UniLab's (b) and (c), and
     graph-mode variants (Inductor studies, fused/split, in-graph replay) against ours_graph."""
@@ -368,10 +403,11 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
     first = pool.sample(rows)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    learner, run = build(variant, w, device, pool)
-    built = time.perf_counter()
-    run(first)
-    cold = time.perf_counter() - start
+    with CacheBypassReasons() as bypass:
+        learner, run = build(variant, w, device, pool)
+        built = time.perf_counter()
+        run(first)
+        cold = time.perf_counter() - start
     def timed(n: int) -> tuple[list[float], dict]:
         """ms per iteration; each batch is sampled and synchronized before the clock starts."""
         out, metrics = [], {}
@@ -415,6 +451,7 @@ def run_cell(variant: str, wname: str, iters: int, warmup: int, device: str):
     # nothing on a cache another tree filled compiled graphs identical to that tree's.
     cache_after = _cache_counters()
     cell["compile_cache_counters"] = {k: v - cache_before.get(k, 0) for k, v in cache_after.items() if v != cache_before.get(k, 0)}
+    cell["compile_cache_bypass_reasons"] = bypass.reasons
     graph = learner.engine.graph if variant.startswith("ours_") else None  # graph mode's captured iteration
     if graph is not None:
         cell["graph_warmup_s"] = graph.last_warmup_seconds
