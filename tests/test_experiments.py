@@ -37,6 +37,9 @@ def load(script):
 def test_benchmark_rejects_bad_options_and_needs_cuda():
     bad = run("bench/benchmark_learner.py", "--workloads", "W9")
     assert bad.returncode == 2 and "invalid choice: 'W9'" in bad.stderr
+    # byte counts need every cell compiled in one process (its kernel numbering), before any GPU work
+    mixed = run("bench/benchmark_learner.py", "--kernel-bytes", "--prewarm", "2", "--workloads", "W1")
+    assert mixed.returncode == 2 and "drop --prewarm" in mixed.stderr
     if not torch.cuda.is_available():
         no_gpu = run("bench/benchmark_learner.py", "--workloads", "W1")
         assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr

@@ -128,17 +128,48 @@ def test_inductor_counts_the_bytes_of_a_generated_kernel(roofline, tmp_path, mon
     # left no counted kernel on the H200 (torch 2.11).
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    with config.patch(benchmark_kernel=True):
-        fn = torch.compile(lambda x, y: torch.relu(x * 3.0 + y))
-        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-        torch.testing.assert_close(fn(x, y), torch.relu(x * 3.0 + y))
+    # two graphs of the same ops at two sizes, numbered across graphs as the benchmark compiles them
+    with config.patch(benchmark_kernel=True), roofline.unique_kernel_names():
+        for rows in (n, n // 4):
+            torch._dynamo.reset()
+            fn = torch.compile(lambda x, y: torch.relu(x * 3.0 + y), dynamic=False)
+            x, y = torch.randn(rows, device="cuda"), torch.randn(rows, device="cuda")
+            torch.testing.assert_close(fn(x, y), torch.relu(x * 3.0 + y))
     gb, ambiguous = roofline.inductor_kernel_gb()
-    ours = [name for name in gb if name.startswith("triton_poi_fused_add_mul_relu")]
+    ours = sorted((name for name in gb if name.startswith("triton_poi_fused_add_mul_relu")), key=lambda k: int(k.rsplit("_", 1)[1]))
     named = sorted({getattr(v, "inductor_meta", {}).get("kernel_name", "?") for m in PyCodeCache.modules for v in vars(m).values()
                     if isinstance(getattr(v, "inductor_meta", None), dict)})
-    assert ours, (f"no generated kernel with a byte count among {sorted(gb)[:20]} (ambiguous: {ambiguous}); "
-                  f"{len(PyCodeCache.modules)} loaded modules, kernels with inductor_meta: {named[:20]}")
-    assert gb[ours[-1]] == pytest.approx(3 * n * 4 / 1e9)  # two fp32 inputs read, one output written
+    assert len(ours) >= 2, (f"not two generated kernels with a byte count among {sorted(gb)[:20]} (ambiguous: {ambiguous}); "
+                            f"{len(PyCodeCache.modules)} loaded modules, kernels with inductor_meta: {named[:20]}")
+    assert not [a for a in ambiguous if a.startswith("triton_poi_fused_add_mul_relu")]
+    # two fp32 inputs read, one output written, each graph's own count under its own name
+    assert [gb[k] for k in ours[-2:]] == [pytest.approx(3 * n * 4 / 1e9), pytest.approx(3 * (n // 4) * 4 / 1e9)]
+
+
+def test_kernel_names_are_numbered_across_graphs_inside_the_context_only(roofline):
+    # Two graphs of the same ops (different shapes) compiled on the CPU: Inductor numbers each
+    # graph's kernels from 0, so both would be `cpp_fused_mul_sum_0` and a profile could not tell
+    # their byte counts apart; inside unique_kernel_names the second is numbered on, and after it
+    # the per-graph numbering is back.
+    torch = pytest.importorskip("torch")
+    import re
+
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    def kernel_names(rows: int) -> set[str]:
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x: (x * 2.0).sum(0), dynamic=False)
+        with config.patch(fx_graph_cache=False):  # compile here, not load names another process chose
+            out, code = run_and_get_code(fn, torch.ones(rows, 8))
+        assert torch.equal(out, torch.full((8,), 2.0 * rows))
+        return set(re.findall(r"cpp_fused_\w+", "\n".join(code)))
+
+    with roofline.unique_kernel_names():
+        first, second = kernel_names(4), kernel_names(16)
+    after = kernel_names(4)
+    assert first and second and not first & second, (first, second)
+    assert after == first  # numbering restarts per graph again: the patch is gone
 
 
 def test_kernel_sources_come_from_the_loaded_modules_one_per_distinct_body(roofline, monkeypatch):

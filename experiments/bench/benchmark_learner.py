@@ -49,6 +49,7 @@ events over a few iterations; launches: host-side kernel/graph launch API calls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -62,7 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
-from bench.roofline import inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks  # noqa: E402
+from bench.roofline import inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks, unique_kernel_names  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -544,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the torch.profiler kernel count")
     parser.add_argument("--kernel-bytes", action="store_true",
                         help="compile with Inductor's per-kernel byte counts (benchmark_kernel) and measure the GPU's copy and "
-                             "GEMM peaks, for bench/roofline.py (changes Inductor's cache key: cold starts are not comparable)")
+                             "GEMM peaks, for bench/roofline.py (changes Inductor's cache key: cold starts are not comparable); "
+                             "kernels are numbered across the process's graphs, so every profiled name has one byte count")
     parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Inductor option for flashsac_opt's variants (VALUE parsed as JSON), e.g. coordinate_descent_tuning=true")
     parser.add_argument("--note", default="", help="free text stored in the JSON (e.g. the Inductor cache state)")
@@ -555,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop a prewarm process after S seconds; its cell is then not timed (it would compile as long again)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
+    if args.kernel_bytes and args.prewarm:
+        # a prewarm process numbers its kernels from 0 too: the cells it compiled would share names again
+        parser.error("--kernel-bytes compiles every cell in this process (unique kernel names): drop --prewarm")
 
     if plot_only_or_require_cuda(parser, args, plot):
         return 0
@@ -570,77 +575,79 @@ def main(argv: list[str] | None = None) -> int:
         from torch._inductor import config as inductor_config
 
         inductor_config.benchmark_kernel = True  # every generated Triton kernel records kernel_num_gb
-    if any(v.startswith("unilab") for v in args.variants):
-        try:
-            import unilab.rl.algos.flash_sac.learner  # noqa: F401
-        except ImportError:
-            parser.error("UniLab 1.5.2 is not installed (needed for the unilab_* variants)")
-    report = {
-        "experiment": "benchmark_learner",
-        "timed": "host clock around: update phase + metrics read (D2H) + current-stream synchronize; batch pre-sampled",
-        "environment": {**environment(), **({"measured_peaks": measure_peaks()} if args.kernel_bytes else {})},
-        "command": " ".join(["python", *sys.argv]),
-        "inductor_options": INDUCTOR_OPTIONS,
-        "note": args.note,
-        "cells": [],
-    }
-    if args.merge and args.merge.exists():
-        report["cells"] = json.loads(args.merge.read_text())["cells"]
-    def save() -> None:
-        report["ratios"] = ratios(report["cells"])
-        if args.output:
-            write_report(report, args.output)
+    # a name per generated kernel across all graphs (--kernel-bytes): one byte count per profiled name
+    with unique_kernel_names() if args.kernel_bytes else contextlib.nullcontext():
+        if any(v.startswith("unilab") for v in args.variants):
+            try:
+                import unilab.rl.algos.flash_sac.learner  # noqa: F401
+            except ImportError:
+                parser.error("UniLab 1.5.2 is not installed (needed for the unilab_* variants)")
+        report = {
+            "experiment": "benchmark_learner",
+            "timed": "host clock around: update phase + metrics read (D2H) + current-stream synchronize; batch pre-sampled",
+            "environment": {**environment(), **({"measured_peaks": measure_peaks()} if args.kernel_bytes else {})},
+            "command": " ".join(["python", *sys.argv]),
+            "inductor_options": INDUCTOR_OPTIONS,
+            "note": args.note,
+            "cells": [],
+        }
+        if args.merge and args.merge.exists():
+            report["cells"] = json.loads(args.merge.read_text())["cells"]
+        def save() -> None:
+            report["ratios"] = ratios(report["cells"])
+            if args.output:
+                write_report(report, args.output)
 
-    if args.prewarm:
-        passthrough = [f"--inductor-option={item}" for item in args.inductor_option] + (["--kernel-bytes"] if args.kernel_bytes else [])
-        start = time.perf_counter()
-        report["prewarm"] = prewarm(args.workloads, args.variants, args.prewarm, passthrough, args.prewarm_timeout)
-        report["prewarm_processes"], report["prewarm_s"] = args.prewarm, round(time.perf_counter() - start, 1)
-        save()
-
-    # Pass 1 times every cell; pass 2 profiles them. torch.profiler leaves CUPTI attached
-    # when it ends (pytorch/pytorch#144455), which slows every later kernel launch, so no
-    # cell may be timed after any profile has run in this process.
-    profiles = []
-    unfinished = {(row["workload"], row["variant"]) for row in report.get("prewarm", []) if row.get("timed_out")}
-    for wname in args.workloads:
-        for variant in args.variants:
-            print(f"== {wname} {variant}", flush=True)
-            if (wname, variant) in unfinished:
-                cell = {"variant": variant, "workload": wname, "error": f"not timed: its prewarm compile did not finish within {args.prewarm_timeout:g} s"}
-            else:
-                try:
-                    cell, profile = run_cell(variant, wname, args.iters, args.warmup, "cuda")
-                    profiles.append((cell, profile))
-                except Exception as exc:  # keep measuring the other cells
-                    cell = {"variant": variant, "workload": wname, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-            report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
-            report["cells"].append(cell)
-            summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items() if k in ("ms_median", "ms_p90", "cold_start_s", "peak_memory_mib", "error")}
-            print(f"   {summary}", flush=True)
+        if args.prewarm:
+            passthrough = [f"--inductor-option={item}" for item in args.inductor_option]
+            start = time.perf_counter()
+            report["prewarm"] = prewarm(args.workloads, args.variants, args.prewarm, passthrough, args.prewarm_timeout)
+            report["prewarm_processes"], report["prewarm_s"] = args.prewarm, round(time.perf_counter() - start, 1)
             save()
-    # Compile-mode learners recompile here (Dynamo was reset between cells): profile them
-    # last, so a time limit cuts the slowest part.
-    profiles.sort(key=lambda item: "compile" in item[0]["variant"])
-    for cell, profile in profiles if not args.no_profile else []:
-        try:
-            cell.update(profile())
-        except Exception as exc:
-            cell["profile_error"] = f"{type(exc).__name__}: {exc}"
-        print(f"   kernels {cell['workload']} {cell['variant']}: {cell.get('kernels_per_iteration')}", flush=True)
-        save()
-    profiles.clear()
-    if args.plot:
-        plot(report, args.plot)
-    print(f"{'workload':8} {'variant':15} {'median ms':>10} {'p90 ms':>8} {'cold s':>7} {'kernels':>8}")
-    for c in report["cells"]:
-        if "ms_median" in c:
-            print(f"{c['workload']:8} {c['variant']:15} {c['ms_median']:10.3f} {c['ms_p90']:8.3f} {c['cold_start_s']:7.1f} {c.get('kernels_per_iteration', float('nan')):8.0f}")
-        else:
-            print(f"{c['workload']:8} {c['variant']:15} ERROR {c['error'][:80]}")
-    for row in report.get("ratios", []):
-        print(row["workload"], {k: round(v, 3) for k, v in row.items() if k != "workload"})
-    return 0
+
+        # Pass 1 times every cell; pass 2 profiles them. torch.profiler leaves CUPTI attached
+        # when it ends (pytorch/pytorch#144455), which slows every later kernel launch, so no
+        # cell may be timed after any profile has run in this process.
+        profiles = []
+        unfinished = {(row["workload"], row["variant"]) for row in report.get("prewarm", []) if row.get("timed_out")}
+        for wname in args.workloads:
+            for variant in args.variants:
+                print(f"== {wname} {variant}", flush=True)
+                if (wname, variant) in unfinished:
+                    cell = {"variant": variant, "workload": wname, "error": f"not timed: its prewarm compile did not finish within {args.prewarm_timeout:g} s"}
+                else:
+                    try:
+                        cell, profile = run_cell(variant, wname, args.iters, args.warmup, "cuda")
+                        profiles.append((cell, profile))
+                    except Exception as exc:  # keep measuring the other cells
+                        cell = {"variant": variant, "workload": wname, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                report["cells"] = [c for c in report["cells"] if not (c["variant"] == variant and c["workload"] == wname)]
+                report["cells"].append(cell)
+                summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in cell.items() if k in ("ms_median", "ms_p90", "cold_start_s", "peak_memory_mib", "error")}
+                print(f"   {summary}", flush=True)
+                save()
+        # Compile-mode learners recompile here (Dynamo was reset between cells): profile them
+        # last, so a time limit cuts the slowest part.
+        profiles.sort(key=lambda item: "compile" in item[0]["variant"])
+        for cell, profile in profiles if not args.no_profile else []:
+            try:
+                cell.update(profile())
+            except Exception as exc:
+                cell["profile_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"   kernels {cell['workload']} {cell['variant']}: {cell.get('kernels_per_iteration')}", flush=True)
+            save()
+        profiles.clear()
+        if args.plot:
+            plot(report, args.plot)
+        print(f"{'workload':8} {'variant':15} {'median ms':>10} {'p90 ms':>8} {'cold s':>7} {'kernels':>8}")
+        for c in report["cells"]:
+            if "ms_median" in c:
+                print(f"{c['workload']:8} {c['variant']:15} {c['ms_median']:10.3f} {c['ms_p90']:8.3f} {c['cold_start_s']:7.1f} {c.get('kernels_per_iteration', float('nan')):8.0f}")
+            else:
+                print(f"{c['workload']:8} {c['variant']:15} ERROR {c['error'][:80]}")
+        for row in report.get("ratios", []):
+            print(row["workload"], {k: round(v, 3) for k, v in row.items() if k != "workload"})
+        return 0
 
 
 if __name__ == "__main__":

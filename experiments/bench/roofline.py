@@ -35,6 +35,8 @@ cell: the table then covers their share of the kernel time (`coverage`), said in
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import re
 import sys
@@ -94,6 +96,32 @@ def inductor_kernel_gb() -> tuple[dict[str, float], list[str]]:
                 seen.setdefault(meta["kernel_name"], set()).add(round(float(meta["kernel_num_gb"]), 12))
     gb = {name: values.pop() for name, values in seen.items() if len(values) == 1}
     return gb, sorted(name for name, values in seen.items() if len(values) > 1)
+
+
+@contextlib.contextmanager
+def unique_kernel_names():
+    """Number Inductor's generated kernels across every graph this process compiles, not per graph.
+
+    Inductor names a kernel by its category, its ops and a number that restarts in each graph's
+    wrapper (`PythonWrapperCodegen.next_kernel_suffix`), so the critic's and the actor's graphs
+    both hold a `triton_red_fused_5`, with different byte counts: torch.profiler keys kernels by
+    name, so such a name could not be given its bytes (`inductor_kernel_gb`'s ambiguous list).
+    With one counter for the process every generated kernel keeps a name of its own, and each
+    profiled name has one count. Only the names change (the kernels' code and the graphs do not);
+    kernels loaded from an Inductor cache keep the names of the process that compiled them, so
+    the graphs of one map must be compiled in one process, from an empty cache."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    original = PythonWrapperCodegen.__dict__.get("next_kernel_suffix")
+    if original is None:
+        raise RuntimeError("this torch's Inductor has no PythonWrapperCodegen.next_kernel_suffix: "
+                           "kernel names cannot be made unique across graphs")
+    numbers = itertools.count()
+    PythonWrapperCodegen.next_kernel_suffix = lambda self: str(next(numbers))
+    try:
+        yield
+    finally:
+        PythonWrapperCodegen.next_kernel_suffix = original
 
 
 def inductor_kernel_sources(names: list[str], limit: int = 8000) -> dict[str, list[str]]:
