@@ -138,6 +138,25 @@ def mark_static(*tensors: torch.Tensor) -> None:
             torch._dynamo.mark_static_address(tensor)
 
 
+def compile_objective(fn: Callable, backend: str, options: Mapping[str, Any] | None,
+                      functorch_config: Mapping[str, Any] | None = None) -> Callable:
+    """``fn`` under torch.compile as the engine compiles it (one whole graph, static shapes),
+    with ``functorch_config`` (AOTAutograd's settings) set around every call: torch.compile
+    compiles at the first call and looks its caches up at each new compile, with the config of
+    that moment, so a process-wide setting would reach other code's compiles too."""
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
+    if not functorch_config:
+        return compiled
+    settings = dict(functorch_config)
+
+    @functools.wraps(fn)
+    def with_settings(*args, **kwargs):
+        with torch._functorch.config.patch(**settings):
+            return compiled(*args, **kwargs)
+
+    return with_settings
+
+
 class Engine:
     """Runs a learner's iterations in one mode; built once per learner."""
 
@@ -153,11 +172,15 @@ class Engine:
         inductor_options: Mapping[str, Any] | None = None,
         fused_update: bool | None = None,
         activation_memory_budget: float | None = None,
+        cache_custom_autograd_functions: bool = False,
         reduce: Callable[..., list[torch.Tensor]] | None = None,
         compile_cache_file: str | None = None,
         compile_cache_key: Mapping[str, Any] | None = None,
     ):
         """``state``: every tensor an iteration changes in place (parameters included).
+        ``cache_custom_autograd_functions``: the updates call a custom autograd.Function (traced
+        into the graph): let AOTAutograd's cache keep their graphs (torch bypasses it for them
+        unless told, and a bypassed graph is traced and partitioned again at every launch).
         ``reduce``: averages (grad, *loss outputs) across data-parallel ranks between loss and
         step (forces the split form). ``compile_cache_file``: a file of torch.compile's cache
         artifacts (compiled modes only), or ``"auto"`` for the keyed file in the default
@@ -174,7 +197,13 @@ class Engine:
         self._backend = backend
         self._extra_options = dict(inductor_options or {})
         self._fused_option = fused_update
-        self._activation_memory_budget = activation_memory_budget
+        # AOTAutograd's settings for these compiles: applied around every compiled call, never
+        # process-wide (other code's compiles keep torch's defaults); both are in its cache key.
+        self._functorch_config: dict[str, Any] = {}
+        if activation_memory_budget is not None:
+            self._functorch_config["activation_memory_budget"] = activation_memory_budget
+        if cache_custom_autograd_functions:
+            self._functorch_config["autograd_cache_allow_custom_autograd_functions"] = True
         self._reduce = reduce
         # Fused only where it is compiled: in eager, torch.func's per-op wrapping is pure overhead.
         self._fusable = self.compiled and reduce is None
@@ -296,21 +325,7 @@ class Engine:
     def _compile(self, fn: Callable) -> Callable:
         if not self.compiled or self.compile_deferred:
             return fn
-        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=self._backend, options=self._inductor_options())
-        if self._activation_memory_budget is None:
-            return compiled
-        budget = self._activation_memory_budget
-
-        @functools.wraps(fn)
-        def with_budget(*args, **kwargs):
-            # torch.compile compiles at a function's first call, where AOTAutograd partitions
-            # forward and backward with the partitioner's config of that moment: set it around
-            # every call rather than process-wide, where it would reach other code's compiles.
-            # It is part of AOTAutograd's cache key.
-            with torch._functorch.config.patch(activation_memory_budget=budget):
-                return compiled(*args, **kwargs)
-
-        return with_budget
+        return compile_objective(fn, self._backend, self._inductor_options(), self._functorch_config)
 
     def _build(self, net: NetworkUpdate) -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held

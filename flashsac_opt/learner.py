@@ -174,6 +174,9 @@ class FlashSACLearner:
             inductor_options=cfg.inductor_options,
             fused_update=cfg.fused_update,
             activation_memory_budget=cfg.activation_memory_budget,
+            # member_linear is a custom autograd.Function: without this every launch re-traced
+            # the options' graphs (their warm start doubled beside UniLab, 2026-12-02)
+            cache_custom_autograd_functions=cfg.contiguous_weight_grads,
             reduce=self.averager.average if self.averager is not None else None,
             compile_cache_file=cfg.compile_cache_file,
             # what names the default ("auto") cache file, with what the engine adds

@@ -397,6 +397,50 @@ def test_activation_memory_budget_saves_fewer_bytes_for_the_same_update():
             make("compile", activation_memory_budget=bad)
 
 
+def test_aot_autograds_cache_keeps_a_graph_with_the_weight_grad_function_only_when_allowed(tmp_path, monkeypatch):
+    """member_linear (contiguous_weight_grads) is a custom autograd.Function: AOTAutograd bypasses
+    its cache for a graph holding one (re-traced and re-partitioned at every launch: the options'
+    warm start doubled on the H200) unless autograd_cache_allow_custom_autograd_functions is set,
+    which compile_objective sets around its calls only."""
+    from torch._dynamo.utils import counters
+
+    from flashsac_opt.engine import compile_objective
+    from flashsac_opt.networks import member_linear
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x, w = torch.randn(2, 8, 4, requires_grad=True), torch.randn(2, 3, 4, requires_grad=True)
+    expected = torch.autograd.grad(torch.einsum("nbi,noi->nbo", x, w).square().sum(), (x, w))
+
+    def loss(x, w):
+        return member_linear(x, w).square().sum()
+
+    seen = {}
+    for run, allow in (("bypassed", False), ("cold", True), ("warm", True)):
+        torch._dynamo.reset()
+        before = dict(counters["aot_autograd"])
+        fn = compile_objective(loss, "inductor", None, {"autograd_cache_allow_custom_autograd_functions": True} if allow else {})
+        grads = torch.autograd.grad(fn(x, w), (x, w))
+        assert all(torch.allclose(g, e, rtol=1e-5, atol=1e-6) for g, e in zip(grads, expected)), run
+        seen[run] = {k: counters["aot_autograd"][k] - before.get(k, 0) for k in ("autograd_cache_bypass", "autograd_cache_miss", "autograd_cache_hit")}
+    assert seen["bypassed"]["autograd_cache_bypass"] == 1 and seen["cold"]["autograd_cache_bypass"] == 0, seen
+    assert seen["cold"]["autograd_cache_miss"] == 1 and seen["warm"]["autograd_cache_hit"] == 1, seen  # the warm start loads it
+    assert not torch._functorch.config.autograd_cache_allow_custom_autograd_functions  # not left set process-wide
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_the_learner_allows_the_cache_for_custom_functions_exactly_with_contiguous_weight_grads(contiguous, monkeypatch):
+    """The learner hands the setting to every compiled objective when (and only when) its
+    networks call member_linear; other settings (the activation budget) travel with it."""
+    import flashsac_opt.engine as engine
+
+    given = []
+    monkeypatch.setattr(engine, "compile_objective", lambda fn, backend, options, functorch_config=None: given.append(functorch_config) or fn)
+    learner = make("compile", contiguous_weight_grads=contiguous, fused_update=False, activation_memory_budget=0.7)
+    train(learner, batches(learner, 1))
+    assert given and all(c == {"activation_memory_budget": 0.7, **({"autograd_cache_allow_custom_autograd_functions": True} if contiguous else {})}
+                         for c in given), given
+
+
 def test_relu_in_autocast_dtype_gives_the_same_update_and_keeps_less_for_the_backward():
     """relu_in_autocast_dtype: under bf16 autocast (CPU's here, as the CUDA learner runs it) the
     update is the default's bit for bit (rounding commutes with ReLU, and the down GEMM got the

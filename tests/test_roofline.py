@@ -203,3 +203,28 @@ def test_the_ratio_without_a_class_bounds_what_a_remedy_of_that_class_can_give(r
     assert rows["BN statistics"]["ratio_without_class"] == pytest.approx(7.0 / 16.0)
     assert rows["other"]["ratio_without_class"] == pytest.approx(8.0 / 16.0)
     assert rows["BN apply"]["ratio_without_class"] == pytest.approx(10.0 / 16.0)  # a class with no kernels gives nothing
+
+
+def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_its_operands():
+    # gemm_ceiling replays what one eager iteration dispatched: the recorded calls must carry all
+    # of torch's counted FLOPs (forward and backward) and rebuild operands of the same layout
+    torch = pytest.importorskip("torch")
+    saved = list(sys.path)
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        spec = importlib.util.spec_from_file_location("gemm_ceiling", REPO / "experiments" / "bench" / "gemm_ceiling.py")
+        gemm_ceiling = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gemm_ceiling)
+    finally:
+        sys.path[:] = saved
+    workload = dict(batch_size=16, updates_per_step=2, policy_frequency=2, obs_dim=12, critic_obs_dim=15, action_dim=4)
+    calls, flops = gemm_ceiling.record(workload, "cpu")
+    assert {name for name, _, _ in calls} >= {"mm", "bmm"}  # the actor's linears and the critic ensemble's batched GEMMs
+    assert sum(gemm_ceiling.gemm_flops(name, spec) for name, spec, _ in calls) == flops > 0
+    g = torch.Generator().manual_seed(0)
+    for name, spec, kwargs in calls:
+        args = gemm_ceiling.operands(spec, "cpu", g)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        assert [(tuple(t.shape), t.stride(), t.dtype) for t in tensors] == [s for s in spec if isinstance(s, tuple)]
+        out = getattr(torch.ops.aten, name).default(*args, **kwargs)
+        assert torch.isfinite(out).all()

@@ -1,0 +1,146 @@
+"""The GEMM class's own ceiling: one learner iteration's GEMMs alone, back to back in a CUDA graph.
+
+The roofline map (roofline.py) puts the GEMM class's floor at the dense bf16 peak of an 8192^3
+GEMM. The learner's GEMMs are far smaller (1024-wide layers, a few thousand rows, members of a
+batched ensemble), and cuBLAS does not reach that peak on them whatever runs around them. This
+records every GEMM one eager iteration dispatches (`RecordGemms`: aten mm / addmm / bmm / baddbmm
+with their operands' shapes, strides and dtypes, the bf16 autocast casts already applied,
+backward included), replays exactly those calls on fresh operands of the same layout, captured
+in one CUDA graph in the iteration's order, and times the replay: what the GEMM class costs
+with nothing between its kernels, the ceiling of any remedy that keeps these GEMMs.
+
+    python experiments/bench/gemm_ceiling.py --workloads W1 W2 W3 W4 --output /tmp/gemm_ceiling.json
+
+Inductor's graphs call the same ATen GEMMs (ATen backends, as the benchmarks compile), but may
+pick another operand layout (a transpose folded into the call): the replay is eager's layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, bench
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+class RecordGemms(TorchDispatchMode):
+    """Records every GEMM dispatched under it: (op name, [operand spec or scalar], kwargs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list, dict]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in GEMM_OPS:
+            spec = [(tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+            self.calls.append((name, spec, {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}))
+        return func(*args, **kwargs)
+
+
+def gemm_flops(name: str, spec: list) -> int:
+    """FLOPs of one recorded call (2 per multiply-add), as torch's flop counter counts them."""
+    shapes = [s[0] for s in spec if isinstance(s, tuple) and len(s) == 3 and isinstance(s[2], torch.dtype)]
+    a, b = shapes[-2], shapes[-1]  # addmm / baddbmm: (bias, a, b)
+    if name in ("mm", "addmm"):
+        return 2 * a[0] * a[1] * b[1]
+    return 2 * a[0] * a[1] * a[2] * b[2]
+
+
+def operands(spec: list, device: str, generator: torch.Generator) -> list:
+    """Fresh operands of the recorded shapes, strides and dtypes (random values: zeros run
+    faster): each a view of the span its strides reach, as a transposed operand is."""
+    out = []
+    for s in spec:
+        if isinstance(s, tuple) and len(s) == 3 and isinstance(s[2], torch.dtype):
+            shape, stride, dtype = s
+            span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+            base = torch.randn(span, generator=generator, device=device).to(dtype)
+            out.append(base.as_strided(shape, stride))
+        else:
+            out.append(s)
+    return out
+
+
+def record(workload: dict, device: str) -> tuple[list, float]:
+    """The GEMM calls of one eager learner iteration of ``workload`` (after one warm-up
+    iteration, so lazy set-up is not recorded) and the iteration's FLOPs by torch's counter."""
+    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    cfg = FlashSACConfig(batch_size=workload["batch_size"], updates_per_step=workload["updates_per_step"],
+                         policy_frequency=workload["policy_frequency"], learner_mode="eager")
+    learner = FlashSACLearner(cfg, workload["obs_dim"], workload["critic_obs_dim"], workload["action_dim"], device=device)
+    g = torch.Generator().manual_seed(0)  # synthetic_batch draws on the CPU
+    batch = lambda: synthetic_batch(cfg.batch_size * cfg.updates_per_step, learner.obs_dim, learner.critic_obs_dim,  # noqa: E731
+                                    learner.action_dim, g, device=device)
+    learner.update(batch())
+    recorder, flops = RecordGemms(), FlopCounterMode(display=False)
+    with flops, recorder:
+        learner.update(batch())
+    return recorder.calls, float(flops.get_total_flops())
+
+
+def replay_us(calls: list, device: str = "cuda", repeat: int = 20) -> list[float]:
+    """Microseconds per replay of ``calls`` captured back to back in one CUDA graph."""
+    from common import cuda_event_ms
+
+    g = torch.Generator(device=device).manual_seed(1)
+    prepared = [(getattr(torch.ops.aten, name).default, operands(spec, device, g), kw) for name, spec, kw in calls]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # cuBLAS's workspace and heuristics before capture
+        for op, args, kw in prepared:
+            op(*args, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for op, args, kw in prepared:
+            op(*args, **kw)
+    return [ms * 1e3 for ms in cuda_event_ms(graph.replay, warmup=3, repeat=repeat)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common import run_environment, write_report
+    from bench.benchmark_learner import WORKLOADS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("this benchmark needs a CUDA device")
+    report = {"experiment": "gemm_ceiling", "environment": run_environment("cuda"),
+              "what": "one eager iteration's GEMMs (bf16 autocast, forward and backward) alone, captured back to back in one "
+                      "CUDA graph on fresh operands of the same layouts: median and p90 us per replay",
+              "command": " ".join(["python", *sys.argv]), "cells": []}
+    for name in args.workloads:
+        calls, flops = record(WORKLOADS[name], "cuda")
+        times = sorted(replay_us(calls, repeat=args.repeat))
+        recorded = sum(gemm_flops(n, s) for n, s, _ in calls)
+        by_op: dict[str, int] = {}
+        for n, _, _ in calls:
+            by_op[n] = by_op.get(n, 0) + 1
+        cell = {"workload": name, "gemms": len(calls), "gemms_by_op": by_op, "gemm_flops": recorded,
+                "iteration_flops_torch_counter": flops, "us_median": statistics.median(times),
+                "us_p90": times[int(0.9 * (len(times) - 1))], "tflops_alone": recorded / (statistics.median(times) * 1e-6) / 1e12}
+        report["cells"].append(cell)
+        print(f"{name}: {len(calls)} GEMMs ({by_op}), {recorded / 1e9:.1f} GFLOP, alone {cell['us_median']:.0f} us "
+              f"(p90 {cell['us_p90']:.0f}), {cell['tflops_alone']:.0f} TFLOP/s", flush=True)
+        write_report(report, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
