@@ -292,10 +292,10 @@ def plot(report: dict, path: Path) -> None:
         ax.plot([c["gemm_floor_us"] / 1e3] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2)
         if c.get("floor_us"):
             ax.plot([c["floor_us"] / 1e3] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2, linestyle=":")
-    plotting.finish_axis(ax, "GPU kernel time per learner iteration (ms); black tick: the GEMM FLOPs at the bf16 peak; "
+    plotting.finish_axis(ax, "GPU kernel time per learner iteration (ms)\nblack tick: the GEMM FLOPs at the bf16 peak; "
                          "dotted: plus the counted bytes at HBM speed",
                          "", "Kernel time by class (H200)", legend=False)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the bars reach the right edge
     plotting.save(fig, path)
 
 
