@@ -9,15 +9,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def load_bench(name: str):
+    """experiments/bench/<name>.py as a module; the caller keeps experiments/ on sys.path for as
+    long as the module's functions run (they import common and report lazily)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def roofline():
     saved = list(sys.path)
     sys.path.insert(0, str(REPO / "experiments"))
     try:
-        spec = importlib.util.spec_from_file_location("roofline", REPO / "experiments" / "bench" / "roofline.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
+        yield load_bench("roofline")
     finally:
         sys.path[:] = saved
 
@@ -205,18 +211,12 @@ def test_the_ratio_without_a_class_bounds_what_a_remedy_of_that_class_can_give(r
     assert rows["BN apply"]["ratio_without_class"] == pytest.approx(10.0 / 16.0)  # a class with no kernels gives nothing
 
 
-def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_its_operands():
+def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_its_operands(monkeypatch):
     # gemm_ceiling replays what one eager iteration dispatched: the recorded calls must carry all
     # of torch's counted FLOPs (forward and backward) and rebuild operands of the same layout
     torch = pytest.importorskip("torch")
-    saved = list(sys.path)
-    sys.path.insert(0, str(REPO / "experiments"))
-    try:
-        spec = importlib.util.spec_from_file_location("gemm_ceiling", REPO / "experiments" / "bench" / "gemm_ceiling.py")
-        gemm_ceiling = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gemm_ceiling)
-    finally:
-        sys.path[:] = saved
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    gemm_ceiling = load_bench("gemm_ceiling")
     workload = dict(batch_size=16, updates_per_step=2, policy_frequency=2, obs_dim=12, critic_obs_dim=15, action_dim=4)
     calls, flops = gemm_ceiling.record(workload, "cpu")
     assert {name for name, _, _ in calls} >= {"mm", "bmm"}  # the actor's linears and the critic ensemble's batched GEMMs
