@@ -56,6 +56,7 @@ def test_the_table_adds_up_and_derives_the_gemm_rate_from_the_counted_flops(roof
     t = roofline.table(cell, {"gemm_flops": 2.0e11})
     rows = {r["class"]: r for r in t["rows"]}
     assert t["source"] == "top_kernels" and t["coverage"] == pytest.approx(0.8)  # 800 of 1000 us profiled by name
+    assert t["outside_kernels_us"] == pytest.approx(8000.0)  # 9 ms of iteration, 1 ms of it in kernels
     assert rows["GEMM"]["tflops_achieved"] == pytest.approx(400.0)  # 2e11 FLOP in 500 us
     assert rows["GEMM"]["floor_us"] == pytest.approx(2.0e11 / 989e12 * 1e6)
     assert rows["BN statistics"]["share_of_kernel_time"] == pytest.approx(0.3) and rows["other"]["us"] == 0

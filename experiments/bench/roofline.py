@@ -255,6 +255,8 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
         "variant": cell["variant"], "workload": cell["workload"], "ms_median": cell["ms_median"],
         "ms_at_class_floors": cell["ms_median"] - above_floor_us / 1e3,
         "kernel_us_per_iteration": total, "source": source, "coverage": covered / total if total else None,
+        # the iteration's time with no kernel running: gaps between a graph's kernels, its launch, the metrics read
+        "outside_kernels_us": cell["ms_median"] * 1e3 - total,
         "rows": rows, "work": counts, "peaks": peaks, "gemm_floor_us": gemm["floor_us"],
         # the GEMM FLOPs at peak plus every counted byte at HBM speed, one after the other
         "floor_us": gemm["floor_us"] + sum(memory_floor) if memory_floor else None,
