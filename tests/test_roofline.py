@@ -121,6 +121,15 @@ def test_a_graph_kernel_takes_microseconds_not_nanoseconds_or_milliseconds(roofl
 
 
 @pytest.mark.gpu
+def test_a_copy_kernel_pays_a_fixed_cost_when_small_and_the_hbm_rate_when_large(roofline):
+    curve = roofline.graph_copy_us(moved_bytes=(4096, 2**20, 2**30), kernels=20)
+    (small, us_small), (_, us_mid), (large, us_large) = curve
+    assert 0.3 < us_small < 50.0 and us_small <= us_mid * 1.1 <= us_large, curve  # more bytes never faster
+    assert 1.0 < large / (us_large * 1e-6) / 1e12 < 6.0, curve  # 1 GiB near the HBM rate (H200: ~4 TB/s)
+    assert small / (us_small * 1e-6) < 0.1 * large / (us_large * 1e-6), curve  # 4 KiB far below it
+
+
+@pytest.mark.gpu
 def test_inductor_counts_the_bytes_of_a_generated_kernel(roofline, tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -229,3 +238,35 @@ def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_i
         assert [(tuple(t.shape), t.stride(), t.dtype) for t in tensors] == [s for s in spec if isinstance(s, tuple)]
         out = getattr(torch.ops.aten, name).default(*args, **kwargs)
         assert torch.isfinite(out).all()
+
+
+def test_a_copy_kernels_time_is_read_off_its_curve_in_log_log(roofline):
+    curve = [[1e4, 2.0], [1e6, 4.0], [1e8, 40.0]]
+    assert roofline.copy_us(1e-6, curve) == pytest.approx(2.0)  # 1 kB: below the smallest size, its fixed cost
+    assert roofline.copy_us(1e-3, curve) == pytest.approx(4.0)  # 1 MB: a measured point
+    assert roofline.copy_us(1e-4, curve) == pytest.approx(2.0 * 2.0**0.5)  # 100 kB: halfway in log-log
+    assert roofline.copy_us(1.0, curve) == pytest.approx(400.0)  # 1 GB: the largest's rate, 10x its bytes
+
+
+def test_the_size_ceiling_gives_each_kernel_its_copys_time_and_the_gemms_their_time_alone(roofline):
+    # two BN-statistics kernels of 1 MB (10 us measured against the copy's 4 us: 6 above), one of
+    # 1 kB faster than its copy (nothing above, and it does not offset the others), GEMMs 500 us
+    # against 300 us alone: the iteration at the ceilings is 10 ms - (2 x 6 + 200) us
+    curve = [[1e4, 2.0], [1e6, 4.0], [1e8, 40.0]]
+    by_name = {"nvjet_a": (1, 500.0), "triton_red_fused_mean_var_1": (2, 20.0), "triton_red_fused_mean_var_2": (1, 1.0)}
+    gb = {"triton_red_fused_mean_var_1": 1e-3, "triton_red_fused_mean_var_2": 1e-6}
+    cell = {"variant": "ours_graph", "workload": "W1", "ms_median": 10.0, "kernel_us_per_iteration": 521.0,
+            "kernel_classes": roofline.kernel_classes(by_name, 1, gb), "counted_kernels": roofline.counted_kernels(by_name, 1, gb)}
+    peaks = {**roofline.H200_PEAKS, "copy_us_by_bytes": curve}
+    t = roofline.table(cell, {"gemm_flops": 1e9}, peaks, gemm_alone_us=300.0)
+    rows = {r["class"]: r for r in t["rows"]}
+    assert rows["BN statistics"]["copy_floor_us"] == pytest.approx(2 * 4.0 + 2.0)
+    assert t["ms_at_size_ceilings"] == pytest.approx(10.0 - (12.0 + 200.0) / 1e3)
+    assert rows["GEMM"]["alone_us"] == 300.0 and t["gemm_ceiling"].startswith("alone")
+    assert roofline.against_unilab(t, unilab_ms=20.0)["ratio_at_size_ceilings"] == pytest.approx(t["ms_at_size_ceilings"] / 20.0)
+    # without a gemm_ceiling measurement the GEMMs fall back to their FLOP floor (1 GFLOP: ~1 us)
+    t = roofline.table(cell, {"gemm_flops": 1e9}, peaks)
+    assert t["ms_at_size_ceilings"] == pytest.approx(10.0 - (12.0 + 500.0 - 1e9 / 989e12 * 1e6) / 1e3)
+    # an older benchmark JSON (no counted_kernels) gets no size bound rather than a wrong one
+    del cell["counted_kernels"]
+    assert "ms_at_size_ceilings" not in roofline.table(cell, {"gemm_flops": 1e9}, peaks)

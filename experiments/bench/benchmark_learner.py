@@ -63,7 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
-from bench.roofline import inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks, unique_kernel_names  # noqa: E402
+from bench.roofline import counted_kernels, inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks, unique_kernel_names  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -377,6 +377,7 @@ def count_kernels(run, pool: Pool, rows: int, iterations: int = 3) -> dict:
     bytes_fields = {"kernel_bytes_ambiguous": [n for n in ambiguous if n in by_name]} if counted else {}
     if counted:  # the sources of the Triton kernels among the ten slowest: what the ones named by number compute
         bytes_fields["top_kernel_sources"] = inductor_kernel_sources([n for n, _ in top[:10] if n.startswith("triton_")])
+        bytes_fields["counted_kernels"] = counted_kernels({n: (c, t) for n, (c, t) in by_name.items()}, iterations, gb_by_name)
     return {
         "kernels_per_iteration": kernels / iterations,
         "launches_per_iteration": launches / iterations,

@@ -24,6 +24,11 @@ floors use are measured on the same GPU when the benchmark ran with --kernel-byt
 third ceiling is latency: a dependent kernel in a CUDA graph that does nearly nothing still takes
 `graph_kernel_us` (measured the same way); each class's `launch_floor_us` is its kernel count
 times that, and the cell's `chain_floor_us` the whole iteration's (W1's bound: many small kernels).
+Bytes / HBM is no ceiling for a kernel of a few MB, which a plain copy of the same bytes does not
+reach either: `measure_peaks` also times a copy kernel in a CUDA graph by size (`graph_copy_us`),
+the benchmark keeps every counted kernel's bytes (`counted_kernels`), and `ms_at_size_ceilings`
+puts each at its copy's time, the GEMMs at their time alone where `--gemm-ceiling` gives it
+(`gemm_ceiling.py`): the iteration with every kernel as fast as its size allows.
 
     python experiments/bench/roofline.py --input results/learner_benchmark/benchmark_learner_side_by_side_W3_W4.json \\
         --variant ours_graph --output results/roofline/roofline_W3_W4.json --plot results/roofline/roofline_W3_W4.png
@@ -77,6 +82,18 @@ def kernel_classes(by_name: dict[str, tuple[float, float]], iterations: int,
         if gb_by_name is not None and name in gb_by_name:
             row["gb"] = row.get("gb", 0.0) + gb_by_name[name] * count / iterations
             row["gb_us"] = row.get("gb_us", 0.0) + us / iterations
+    return out
+
+
+def counted_kernels(by_name: dict[str, tuple[float, float]], iterations: int,
+                    gb_by_name: dict[str, float]) -> dict[str, list[list[float]]]:
+    """{class: [[GB a launch, launches an iteration, us an iteration], ...]}: every profiled
+    kernel with a byte count, one entry a name, without the names (the JSON stays small). What
+    the table needs to give each kernel its own size's ceiling (copy_us), not the class's."""
+    out: dict[str, list[list[float]]] = {}
+    for name, (count, us) in by_name.items():
+        if name in gb_by_name:
+            out.setdefault(classify(name), []).append([gb_by_name[name], count / iterations, us / iterations])
     return out
 
 
@@ -144,8 +161,9 @@ def inductor_kernel_sources(names: list[str], limit: int = 8000) -> dict[str, li
 def measure_peaks(device: str = "cuda") -> dict[str, float]:
     """The ceilings on this GPU (device events, median of 20 after warm-up): HBM TB/s of a
     1-GiB device-to-device copy (bytes read + written), TFLOP/s of an 8192^3 bf16 GEMM on
-    random data (zeros run faster than real data) and a dependent kernel's time in a CUDA graph;
-    with them the SM count, to read a small GEMM's grid against."""
+    random data (zeros run faster than real data), a dependent kernel's time in a CUDA graph and a
+    copy kernel's there by size (graph_copy_us); with them the SM count, to read a small GEMM's
+    grid against."""
     import torch
 
     from common import cuda_event_ms
@@ -162,7 +180,28 @@ def measure_peaks(device: str = "cuda") -> dict[str, float]:
     gemm_ms = median_ms(lambda: a @ b)
     del src, dst, a, b
     return {"hbm_tb_per_s": 2 * 2**30 / (copy_ms * 1e-3) / 1e12, "bf16_dense_tflops": 2 * n**3 / (gemm_ms * 1e-3) / 1e12,
-            "graph_kernel_us": graph_kernel_us(device), "sm_count": torch.cuda.get_device_properties(device).multi_processor_count}
+            "graph_kernel_us": graph_kernel_us(device), "sm_count": torch.cuda.get_device_properties(device).multi_processor_count,
+            "copy_us_by_bytes": graph_copy_us(device)}
+
+
+def _captured_chain_us(step, kernels: int) -> float:
+    """Microseconds per call of ``step`` (one kernel each, each depending on the one before)
+    when ``kernels`` calls are captured in one CUDA graph and replayed, median of 20."""
+    import torch
+
+    from common import cuda_event_ms
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            step()
+    times = sorted(cuda_event_ms(graph.replay, warmup=3, repeat=20))
+    return times[len(times) // 2] * 1e3 / kernels
 
 
 def graph_kernel_us(device: str = "cuda", kernels: int = 1000) -> float:
@@ -172,20 +211,52 @@ def graph_kernel_us(device: str = "cuda", kernels: int = 1000) -> float:
     n times this, whatever their bytes and FLOPs."""
     import torch
 
-    from common import cuda_event_ms
-
     x = torch.zeros(1, device=device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
-        x.add_(1.0)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(kernels):
-            x.add_(1.0)
-    times = sorted(cuda_event_ms(graph.replay, warmup=3, repeat=20))
-    return times[len(times) // 2] * 1e3 / kernels
+    return _captured_chain_us(lambda: x.add_(1.0), kernels)
+
+
+# Bytes moved (read + written, as Inductor's kernel_num_gb counts them) of the copies that
+# graph_copy_us times: 4 KiB to 1 GiB, a factor of 4 apart.
+COPY_BYTES = tuple(4**k * 4096 for k in range(10))
+
+
+def graph_copy_us(device: str = "cuda", moved_bytes: tuple[int, ...] = COPY_BYTES, kernels: int = 50) -> list[list[float]]:
+    """[[bytes moved, us], ...]: a plain copy kernel's time in a CUDA graph for each size, a
+    chain of ``kernels`` dependent copies back and forth between two fp32 buffers. A
+    memory-bound kernel moving that many bytes cannot beat the copy: at a few MB and below the
+    copy itself is far from the HBM rate (ramp-up, tail, latency), which bytes / HBM ignores."""
+    import torch
+
+    out = []
+    for moved in moved_bytes:
+        a = torch.randn(moved // 8, device=device)  # read + written: twice the buffer's 4-byte elements
+        b = torch.empty_like(a)
+        flip = [a, b]
+
+        def step() -> None:
+            flip[1].copy_(flip[0])
+            flip.reverse()
+
+        out.append([float(moved), _captured_chain_us(step, kernels)])
+        del a, b, flip
+    return out
+
+
+def copy_us(gb: float, curve: list[list[float]]) -> float:
+    """A copy kernel's microseconds for ``gb`` moved, from graph_copy_us's curve: interpolated in
+    log-log between measured sizes; below the smallest, the smallest's time (the fixed cost);
+    above the largest, the largest's rate."""
+    import math
+
+    moved = gb * 1e9
+    sizes, times = [c[0] for c in curve], [c[1] for c in curve]
+    if moved <= sizes[0]:
+        return times[0]
+    if moved >= sizes[-1]:
+        return times[-1] * moved / sizes[-1]
+    i = next(k for k in range(1, len(sizes)) if sizes[k] >= moved)
+    f = (math.log(moved) - math.log(sizes[i - 1])) / (math.log(sizes[i]) - math.log(sizes[i - 1]))
+    return math.exp(math.log(times[i - 1]) + f * (math.log(times[i]) - math.log(times[i - 1])))
 
 
 def work(workload: dict) -> dict[str, float]:
@@ -209,8 +280,9 @@ def work(workload: dict) -> dict[str, float]:
     return {"gemm_flops": float(flops.get_total_flops())}
 
 
-def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_PEAKS) -> dict:
-    """The roofline rows of one benchmark cell (one variant at one workload)."""
+def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_PEAKS, gemm_alone_us: float | None = None) -> dict:
+    """The roofline rows of one benchmark cell (one variant at one workload); ``gemm_alone_us``:
+    the workload's GEMMs alone (gemm_ceiling.py), the GEMM class's ceiling where measured."""
     classes = cell.get("kernel_classes")
     if classes is None:  # an older benchmark JSON: its 40 longest kernels only
         by_name = {k["name"]: (k["count_per_iteration"], k["us_per_iteration"]) for k in cell["top_kernels"]}
@@ -251,9 +323,30 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
         if counted and r.get("floor_us") is not None:
             floor = max(r["floor_us"], r.get("launch_floor_us", 0.0) * counted)
             above_floor_us += max(r["us"] * counted - floor, 0.0)
+    # The tighter bound where the benchmark kept each counted kernel (counted_kernels) and the
+    # peaks hold a copy kernel's time by size: each memory-bound kernel at the time a plain copy
+    # of its bytes takes (a small kernel pays the copy's fixed cost, not bytes / HBM), the GEMMs at
+    # their time alone where measured (else at the peak or the launch floor, as above), the rest
+    # as measured. Below it: fewer kernels or fewer bytes, not faster ones.
+    sized = {}
+    curve, per_kernel = peaks.get("copy_us_by_bytes"), cell.get("counted_kernels")
+    if curve and per_kernel:
+        above_size_us = 0.0
+        for r in rows[1:]:
+            entries = per_kernel.get(r["class"], [])
+            if entries:
+                r["copy_floor_us"] = sum(n * copy_us(gb, curve) for gb, n, _ in entries)
+                above_size_us += sum(max(us - n * copy_us(gb, curve), 0.0) for gb, n, us in entries)
+        if gemm_alone_us is not None:
+            gemm["alone_us"] = gemm_alone_us
+            above_size_us += max(gemm["us"] - gemm_alone_us, 0.0)
+        else:
+            above_size_us += max(gemm["us"] - max(gemm["floor_us"], gemm.get("launch_floor_us", 0.0)), 0.0)
+        sized = {"ms_at_size_ceilings": cell["ms_median"] - above_size_us / 1e3,
+                 "gemm_ceiling": "alone (gemm_ceiling.py)" if gemm_alone_us is not None else "bf16 peak / launch floor"}
     return {
         "variant": cell["variant"], "workload": cell["workload"], "ms_median": cell["ms_median"],
-        "ms_at_class_floors": cell["ms_median"] - above_floor_us / 1e3,
+        "ms_at_class_floors": cell["ms_median"] - above_floor_us / 1e3, **sized,
         "kernel_us_per_iteration": total, "source": source, "coverage": covered / total if total else None,
         # the iteration's time with no kernel running: gaps between a graph's kernels, its launch, the metrics read
         "outside_kernels_us": cell["ms_median"] * 1e3 - total,
@@ -271,6 +364,8 @@ def against_unilab(cell: dict, unilab_ms: float) -> dict:
     cell["unilab_graph_ms"] = unilab_ms
     cell["ratio_to_unilab_graph"] = cell["ms_median"] / unilab_ms
     cell["ratio_at_class_floors"] = cell["ms_at_class_floors"] / unilab_ms
+    if "ms_at_size_ceilings" in cell:
+        cell["ratio_at_size_ceilings"] = cell["ms_at_size_ceilings"] / unilab_ms
     for r in cell["rows"]:
         r["ratio_without_class"] = max(cell["ms_median"] - r["us"] / 1e3, 0.0) / unilab_ms
     return cell
@@ -313,8 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=Path, help="a side-by-side benchmark JSON with unilab_graph cells (run on the same "
                         "GPU): each cell gets its ratio to UniLab's default path and, per class, the ratio were that class's "
                         "whole kernel time gone (the most any remedy of that class can give)")
+    parser.add_argument("--gemm-ceiling", type=Path, help="a gemm_ceiling.py JSON (same GPU): each workload's GEMMs alone "
+                        "become the GEMM class's ceiling in ms_at_size_ceilings")
     args = parser.parse_args(argv)
     bench = json.loads(args.input.read_text())
+    gemm_alone = ({c["workload"]: c["us_median"] for c in json.loads(args.gemm_ceiling.read_text())["cells"]}
+                  if args.gemm_ceiling else {})
     variants = args.variant or ["unilab_graph", "ours_graph"]
     cells = [c for c in bench["cells"] if c["variant"] in variants and ("top_kernels" in c or "kernel_classes" in c)]
     if not cells:
@@ -327,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         "what": "kernel time by class from the benchmark's profile (measured on the GPU it names), work per iteration counted on this machine's CPU",
         "input": str(args.input), "gpu_environment": bench.get("environment"), "peaks": peaks,
         "peaks_source": "measured on the benchmark's GPU (measure_peaks)" if measured else "NVIDIA H200 SXM datasheet",
-        "cells": [table(c, counted[c["workload"]], peaks) for c in cells],
+        "cells": [table(c, counted[c["workload"]], peaks, gemm_alone.get(c["workload"])) for c in cells],
+        **({"gemm_ceiling": str(args.gemm_ceiling)} if args.gemm_ceiling else {}),
         "command": " ".join(["python", *sys.argv]),
     }
     if args.against:
