@@ -317,12 +317,13 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
     # HBM rate, none under the graph-kernel latency), the rest as measured: what faster kernels
     # alone can give, as far as the counts reach. Below it: fewer bytes or FLOPs, or the kernels
     # without a count (ambiguous names, vendor kernels other than GEMMs) faster.
-    above_floor_us = 0.0
+    above_floor = {}  # class: its counted kernels' time above their ceiling
     for r in rows:
         counted = 1.0 if r is gemm else r.get("gb_covered_share", 0.0)
         if counted and r.get("floor_us") is not None:
             floor = max(r["floor_us"], r.get("launch_floor_us", 0.0) * counted)
-            above_floor_us += max(r["us"] * counted - floor, 0.0)
+            above_floor[r["class"]] = max(r["us"] * counted - floor, 0.0)
+    above_floor_us = sum(above_floor.values())
     # The tighter bound where the benchmark kept each counted kernel (counted_kernels) and the
     # peaks hold a copy kernel's time by size: each memory-bound kernel at the time a plain copy
     # of its bytes takes (a small kernel pays the copy's fixed cost, not bytes / HBM), the GEMMs at
@@ -335,13 +336,14 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
         for r in rows[1:]:
             entries = per_kernel.get(r["class"], [])
             if entries:
-                r["copy_floor_us"] = sum(n * copy_us(gb, curve) for gb, n, _ in entries)
-                above_size_us += sum(max(us - n * copy_us(gb, curve), 0.0) for gb, n, us in entries)
+                floors = [n * copy_us(gb, curve) for gb, n, _ in entries]
+                r["copy_floor_us"] = sum(floors)
+                above_size_us += sum(max(us - floor, 0.0) for (_, _, us), floor in zip(entries, floors))
         if gemm_alone_us is not None:
             gemm["alone_us"] = gemm_alone_us
             above_size_us += max(gemm["us"] - gemm_alone_us, 0.0)
         else:
-            above_size_us += max(gemm["us"] - max(gemm["floor_us"], gemm.get("launch_floor_us", 0.0)), 0.0)
+            above_size_us += above_floor[gemm["class"]]
         sized = {"ms_at_size_ceilings": cell["ms_median"] - above_size_us / 1e3,
                  "gemm_ceiling": "alone (gemm_ceiling.py)" if gemm_alone_us is not None else "bf16 peak / launch floor"}
     return {
