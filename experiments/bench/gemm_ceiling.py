@@ -47,9 +47,14 @@ class RecordGemms(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def is_operand(item) -> bool:
+    """A recorded tensor operand (shape, stride, dtype), not a scalar argument."""
+    return isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], torch.dtype)
+
+
 def gemm_flops(name: str, spec: list) -> int:
     """FLOPs of one recorded call (2 per multiply-add), as torch's flop counter counts them."""
-    shapes = [s[0] for s in spec if isinstance(s, tuple) and len(s) == 3 and isinstance(s[2], torch.dtype)]
+    shapes = [s[0] for s in spec if is_operand(s)]
     a, b = shapes[-2], shapes[-1]  # addmm / baddbmm: (bias, a, b)
     if name in ("mm", "addmm"):
         return 2 * a[0] * a[1] * b[1]
@@ -61,7 +66,7 @@ def operands(spec: list, device: str, generator: torch.Generator) -> list:
     faster): each a view of the span its strides reach, as a transposed operand is."""
     out = []
     for s in spec:
-        if isinstance(s, tuple) and len(s) == 3 and isinstance(s[2], torch.dtype):
+        if is_operand(s):
             shape, stride, dtype = s
             span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
             base = torch.randn(span, generator=generator, device=device).to(dtype)
@@ -92,26 +97,23 @@ def record(workload: dict, device: str) -> tuple[list, float]:
 
 
 def replay_us(calls: list, device: str = "cuda", repeat: int = 20) -> list[float]:
-    """Microseconds per replay of ``calls`` captured back to back in one CUDA graph."""
-    from common import cuda_event_ms
+    """Microseconds of each of ``repeat`` replays of ``calls`` captured back to back in one CUDA graph."""
+    from bench.roofline import captured_replay_us
 
     g = torch.Generator(device=device).manual_seed(1)
     prepared = [(getattr(torch.ops.aten, name).default, operands(spec, device, g), kw) for name, spec, kw in calls]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # cuBLAS's workspace and heuristics before capture
+
+    def all_gemms() -> None:
         for op, args, kw in prepared:
             op(*args, **kw)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for op, args, kw in prepared:
-            op(*args, **kw)
-    return [ms * 1e3 for ms in cuda_event_ms(graph.replay, warmup=3, repeat=repeat)]
+
+    return captured_replay_us(all_gemms, calls=1, repeat=repeat)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common import run_environment, write_report
+    from collections import Counter
+
+    from common import percentile, run_environment, write_report
     from bench.benchmark_learner import WORKLOADS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,14 +129,13 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join(["python", *sys.argv]), "cells": []}
     for name in args.workloads:
         calls, flops = record(WORKLOADS[name], "cuda")
-        times = sorted(replay_us(calls, repeat=args.repeat))
+        times = replay_us(calls, repeat=args.repeat)
         recorded = sum(gemm_flops(n, s) for n, s, _ in calls)
-        by_op: dict[str, int] = {}
-        for n, _, _ in calls:
-            by_op[n] = by_op.get(n, 0) + 1
+        by_op = dict(Counter(n for n, _, _ in calls))
+        median = statistics.median(times)
         cell = {"workload": name, "gemms": len(calls), "gemms_by_op": by_op, "gemm_flops": recorded,
-                "iteration_flops_torch_counter": flops, "us_median": statistics.median(times),
-                "us_p90": times[int(0.9 * (len(times) - 1))], "tflops_alone": recorded / (statistics.median(times) * 1e-6) / 1e12}
+                "iteration_flops_torch_counter": flops, "us_median": median, "us_p90": percentile(times, 0.9),
+                "tflops_alone": recorded / (median * 1e-6) / 1e12}
         report["cells"].append(cell)
         print(f"{name}: {len(calls)} GEMMs ({by_op}), {recorded / 1e9:.1f} GFLOP, alone {cell['us_median']:.0f} us "
               f"(p90 {cell['us_p90']:.0f}), {cell['tflops_alone']:.0f} TFLOP/s", flush=True)

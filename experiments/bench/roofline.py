@@ -187,6 +187,14 @@ def measure_peaks(device: str = "cuda") -> dict[str, float]:
 def _captured_chain_us(step, kernels: int) -> float:
     """Microseconds per call of ``step`` (one kernel each, each depending on the one before)
     when ``kernels`` calls are captured in one CUDA graph and replayed, median of 20."""
+    times = sorted(captured_replay_us(step, kernels))
+    return times[len(times) // 2]
+
+
+def captured_replay_us(step, calls: int = 1, repeat: int = 20) -> list[float]:
+    """Microseconds per call of ``step`` in each of ``repeat`` replays (after 3 untimed) of one
+    CUDA graph that captured ``calls`` calls of it back to back, warmed up once off the default
+    stream first (cuBLAS's workspace and heuristics, the allocator, before capture)."""
     import torch
 
     from common import cuda_event_ms
@@ -198,10 +206,9 @@ def _captured_chain_us(step, kernels: int) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(kernels):
+        for _ in range(calls):
             step()
-    times = sorted(cuda_event_ms(graph.replay, warmup=3, repeat=20))
-    return times[len(times) // 2] * 1e3 / kernels
+    return [ms * 1e3 / calls for ms in cuda_event_ms(graph.replay, warmup=3, repeat=repeat)]
 
 
 def graph_kernel_us(device: str = "cuda", kernels: int = 1000) -> float:
