@@ -238,6 +238,9 @@ def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_i
         assert [(tuple(t.shape), t.stride(), t.dtype) for t in tensors] == [s for s in spec if gemm_ceiling.is_operand(s)]
         out = getattr(torch.ops.aten, name).default(*args, **kwargs)
         assert torch.isfinite(out).all()
+    # no autocast on the CPU: every call counted once, under its op and fp32 operands
+    dtypes = gemm_ceiling.operand_dtypes(calls)
+    assert sum(dtypes.values()) == len(calls) and set(dtypes) >= {"mm:float32,float32", "bmm:float32,float32"}
 
 
 def test_a_copy_kernels_time_is_read_off_its_curve_in_log_log(roofline):

@@ -96,18 +96,59 @@ def record(workload: dict, device: str) -> tuple[list, float]:
     return recorder.calls, float(flops.get_total_flops())
 
 
+def prepare(calls: list, device: str) -> list:
+    """(ATen op, fresh operands, kwargs) for each recorded call, operands drawn from one seeded generator."""
+    g = torch.Generator(device=device).manual_seed(1)
+    return [(getattr(torch.ops.aten, name).default, operands(spec, device, g), kw) for name, spec, kw in calls]
+
+
 def replay_us(calls: list, device: str = "cuda", repeat: int = 20) -> list[float]:
     """Microseconds of each of ``repeat`` replays of ``calls`` captured back to back in one CUDA graph."""
     from bench.roofline import captured_replay_us
 
-    g = torch.Generator(device=device).manual_seed(1)
-    prepared = [(getattr(torch.ops.aten, name).default, operands(spec, device, g), kw) for name, spec, kw in calls]
+    prepared = prepare(calls, device)
 
     def all_gemms() -> None:
         for op, args, kw in prepared:
             op(*args, **kw)
 
     return captured_replay_us(all_gemms, calls=1, repeat=repeat)
+
+
+def operand_dtypes(calls: list) -> dict[str, int]:
+    """How many recorded calls run on each (op, operand dtypes): whether autocast reached them all."""
+    from collections import Counter
+
+    return dict(Counter(f"{name}:" + ",".join(str(s[2]).removeprefix("torch.") for s in spec if is_operand(s))
+                        for name, spec, _ in calls))
+
+
+def profiled_kernels(calls: list, device: str = "cuda", passes: int = 3) -> dict:
+    """The replayed calls run eagerly under torch.profiler: their kernels' summed device time
+    per pass, their count and the five longest by name. Against the captured replay's wall time
+    it splits "slow GEMM kernels" from "time between them"; against graph mode's GEMM class
+    (roofline.py) it says whether eager's layouts run the same GEMMs slower."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    prepared = prepare(calls, device)
+    for op, args, kw in prepared:  # cuBLAS heuristics and workspace outside the profile
+        op(*args, **kw)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            for op, args, kw in prepared:
+                op(*args, **kw)
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name].append(e.device_time)
+    total = sum(sum(v) for v in by_name.values()) / passes
+    longest = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:5]
+    return {"kernel_us_per_pass": total, "kernels_per_pass": sum(len(v) for v in by_name.values()) / passes,
+            "longest": [{"name": n[:120], "launches_per_pass": len(v) / passes, "us_per_pass": sum(v) / passes} for n, v in longest]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--profile", action="store_true",
+                        help="also the calls' kernel time under torch.profiler, run eagerly (profiled_kernels)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -127,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
               "what": "one eager iteration's GEMMs (bf16 autocast, forward and backward) alone, captured back to back in one "
                       "CUDA graph on fresh operands of the same layouts: median and p90 us per replay",
               "command": " ".join(["python", *sys.argv]), "cells": []}
+    recorded_calls = {}
     for name in args.workloads:
         calls, flops = record(WORKLOADS[name], "cuda")
         times = replay_us(calls, repeat=args.repeat)
@@ -135,10 +179,17 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(times)
         cell = {"workload": name, "gemms": len(calls), "gemms_by_op": by_op, "gemm_flops": recorded,
                 "iteration_flops_torch_counter": flops, "us_median": median, "us_p90": percentile(times, 0.9),
-                "tflops_alone": recorded / (median * 1e-6) / 1e12}
+                "tflops_alone": recorded / (median * 1e-6) / 1e12, "operand_dtypes": operand_dtypes(calls)}
         report["cells"].append(cell)
+        recorded_calls[name] = calls
         print(f"{name}: {len(calls)} GEMMs ({by_op}), {recorded / 1e9:.1f} GFLOP, alone {cell['us_median']:.0f} us "
-              f"(p90 {cell['us_p90']:.0f}), {cell['tflops_alone']:.0f} TFLOP/s", flush=True)
+              f"(p90 {cell['us_p90']:.0f}), {cell['tflops_alone']:.0f} TFLOP/s {cell['operand_dtypes']}", flush=True)
+        write_report(report, args.output)
+    # Profiled only after every cell was timed: CUPTI stays attached once the profiler ran.
+    for cell in report["cells"] if args.profile else []:
+        cell["profiled"] = profiled_kernels(recorded_calls[cell["workload"]])
+        print(f"{cell['workload']}: kernels {cell['profiled']['kernel_us_per_pass']:.0f} us a pass "
+              f"({cell['profiled']['kernels_per_pass']:.0f} launches)", flush=True)
         write_report(report, args.output)
     return 0
 
