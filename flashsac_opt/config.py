@@ -116,8 +116,9 @@ class EngineOptions:
     # (the mask of a rounded value is the fp32 one's, except below bf16's smallest subnormal), but
     # the forward writes and the backward reads a bf16 tensor where they used an fp32 one beside
     # its bf16 cast (W3's critic loss: 2 x 33.5 MB an update; experiments/bench/saved_activations.py).
-    # No autocast (fp32, CPU): nothing changes, eager stays UniLab's. Study ours_graph_relu_bf16.
-    relu_in_autocast_dtype: bool = False
+    # No autocast (fp32, CPU): nothing changes. Study ours_graph_relu_bf16. None: on in the
+    # compiled modes (see contiguous_weight_grads).
+    relu_in_autocast_dtype: bool | None = None
     # Under autocast, cast each network's GEMM weights to bf16 in one kernel per call (they
     # are one contiguous prefix of its flat buffer) instead of one cast per matmul. Same
     # values; False exists to measure the difference (benchmark variant ours_graph_percast).
@@ -138,15 +139,19 @@ class EngineOptions:
     # iteration, results/roofline/README.md). The same sums, possibly rounded in another order, so
     # off by default: eager stays bit-identical to UniLab's einsum. Measured (ours_graph_weight_grads,
     # results/learner_benchmark/studies_2026-12-02): 0.993x / 0.988x / 1.000x at W1 / W2 / W4.
-    contiguous_weight_grads: bool = False
+    # None (this and the next two options): on in the compiled modes, off in eager (UniLab's
+    # order: the oracle stays bit-identical). Together they measured 0.934-0.975x of graph mode
+    # at W1-W4 with no warm-start cost once the cache takes member_linear's graphs
+    # (results/learner_benchmark/side_by_side_graph_options_2026-12-02_2).
+    contiguous_weight_grads: bool | None = None
     # The critic's input BatchNorm statistics reduced once and broadcast to the members: every
     # member normalizes the same rows (cat(obs, action) expanded over the ensemble), so UniLab's
     # per-member reduction computes the same statistics n times, in the slowest BN kernel at W3 /
     # W4 (2 x 130 / 2 x 318 outputs with a loop over every row, 43 / 81 us a launch; results/
     # roofline/README.md). Same values (a member's reduction over the same rows). Measured (study
     # ours_graph_shared_input_bn, results/learner_benchmark/studies_2026-12-02): 0.989x at W3, 0.975x
-    # at W4; off while W1/W2 (the fused form) are unmeasured and the side-by-side table is without it.
-    shared_input_bn_statistics: bool = False
+    # at W4. None: on in the compiled modes (see contiguous_weight_grads).
+    shared_input_bn_statistics: bool | None = None
     # The online and target critics as one ensemble of twice the members in the critic loss
     # (FlashSACCritic.forward_stacked): one batched GEMM, statistics and activation pass per
     # layer for both instead of two chains. The target half is detached, but the backward runs
@@ -176,9 +181,19 @@ class EngineOptions:
     dp_broadcast_params: bool | None = None
 
 
+# The critic's network options whose None means: on in the compiled modes, off in eager.
+COMPILED_MODE_NETWORK_OPTIONS = ("contiguous_weight_grads", "shared_input_bn_statistics", "relu_in_autocast_dtype")
+
+
 @dataclass
 class FlashSACConfig(EngineOptions, UniLabHyperparameters):
     """UniLab's hyperparameters and flashsac_opt's engine options, as one flat config."""
+
+    def critic_network_options(self) -> dict[str, bool]:
+        """COMPILED_MODE_NETWORK_OPTIONS resolved for this config's learner mode."""
+        compiled = self.learner_mode != "eager"
+        return {name: compiled if getattr(self, name) is None else bool(getattr(self, name))
+                for name in COMPILED_MODE_NETWORK_OPTIONS}
 
     def __post_init__(self) -> None:
         check_mode(self.learner_mode)

@@ -109,11 +109,11 @@ class FlashSACLearner:
         self.target_critic.params.requires_grad_(False)
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
+        critic_options = cfg.critic_network_options()
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
-            net.contiguous_weight_grads = cfg.contiguous_weight_grads
-            net.shared_input_bn_statistics = cfg.shared_input_bn_statistics
-            net.relu_in_autocast_dtype = cfg.relu_in_autocast_dtype
+            for name, value in critic_options.items():
+                setattr(net, name, value)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
 
         self.schedule = CosineSchedule(
@@ -176,7 +176,7 @@ class FlashSACLearner:
             activation_memory_budget=cfg.activation_memory_budget,
             # member_linear is a custom autograd.Function: without this every launch re-traced
             # the options' graphs (their warm start doubled beside UniLab, 2026-12-02)
-            cache_custom_autograd_functions=cfg.contiguous_weight_grads,
+            cache_custom_autograd_functions=self.critic.contiguous_weight_grads,
             reduce=self.averager.average if self.averager is not None else None,
             compile_cache_file=cfg.compile_cache_file,
             # what names the default ("auto") cache file, with what the engine adds

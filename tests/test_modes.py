@@ -441,6 +441,24 @@ def test_the_learner_allows_the_cache_for_custom_functions_exactly_with_contiguo
                          for c in given), given
 
 
+@pytest.mark.parametrize("mode", ["eager", "compile", "graph"])
+def test_the_critic_options_default_to_on_in_the_compiled_modes_and_off_in_eager(mode):
+    """None (the default) resolves by mode: eager keeps UniLab's einsum and per-member BN order
+    (the oracle stays bit-identical), the compiled modes take the measured-faster options; an
+    explicit value wins in every mode. Resolved on the config: graph mode's learner needs CUDA."""
+    from flashsac_opt.config import COMPILED_MODE_NETWORK_OPTIONS
+
+    resolved = FlashSACConfig(**{**SMALL, "learner_mode": mode}).critic_network_options()
+    assert resolved == {name: mode != "eager" for name in COMPILED_MODE_NETWORK_OPTIONS}
+    for value in (False, True):
+        explicit = FlashSACConfig(**{**SMALL, "learner_mode": mode, **{n: value for n in COMPILED_MODE_NETWORK_OPTIONS}})
+        assert explicit.critic_network_options() == {name: value for name in COMPILED_MODE_NETWORK_OPTIONS}
+    if mode != "graph":  # and the learner's critics (online and target) carry the resolved values
+        learner = make(mode)
+        for net in (learner.critic, learner.target_critic):
+            assert {name: getattr(net, name) for name in COMPILED_MODE_NETWORK_OPTIONS} == resolved
+
+
 def test_relu_in_autocast_dtype_gives_the_same_update_and_keeps_less_for_the_backward():
     """relu_in_autocast_dtype: under bf16 autocast (CPU's here, as the CUDA learner runs it) the
     update is the default's bit for bit (rounding commutes with ReLU, and the down GEMM got the

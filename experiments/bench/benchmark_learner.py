@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: co
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
 from bench.roofline import counted_kernels, inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks, unique_kernel_names  # noqa: E402
+from flashsac_opt.config import COMPILED_MODE_NETWORK_OPTIONS  # noqa: E402
 
 WORKLOADS = {
     "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
@@ -72,6 +73,8 @@ WORKLOADS = {
     "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
 }
 # Graph mode with one setting changed: what each buys and costs in start-up.
+# The critic network options the compiled modes turn on by default (config.COMPILED_MODE_NETWORK_OPTIONS), all off.
+PLAIN_NETWORK = {name: False for name in COMPILED_MODE_NETWORK_OPTIONS}
 GRAPH_STUDIES = {
     # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
     "ours_graph_tuned": {"inductor_options": {"coordinate_descent_tuning": True}},
@@ -112,13 +115,15 @@ GRAPH_STUDIES = {
     # einsum's come out transposed and the flat gradient's assembly gathers them with strided
     # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration).
     # Measured 2026-12-02: 0.993x / 0.988x / 1.000x at W1 / W2 / W4
-    "ours_graph_weight_grads": {"contiguous_weight_grads": True},
+    # (these single-option studies, measured when the options were off by default, keep that
+    # baseline: the other two options off, as in ours_graph_plain)
+    "ours_graph_weight_grads": {**PLAIN_NETWORK, "contiguous_weight_grads": True},
     # the critic's input BN statistics reduced once for both members, which normalize the same rows
     # (shared_input_bn_statistics: half the slowest BN kernel's work at W3/W4), alone and with the
     # 128-row chunks that give that reduction more thread blocks. Measured 2026-12-02 (W3 / W4):
     # shared 0.989x / 0.975x, chunks 1.012x / 0.961x, both 1.000x / 0.970x
-    "ours_graph_shared_input_bn": {"shared_input_bn_statistics": True},
-    "ours_graph_shared_input_bn_chunks": {"shared_input_bn_statistics": True, "input_bn_chunk_rows": 128},
+    "ours_graph_shared_input_bn": {**PLAIN_NETWORK, "shared_input_bn_statistics": True},
+    "ours_graph_shared_input_bn_chunks": {**PLAIN_NETWORK, "shared_input_bn_statistics": True, "input_bn_chunk_rows": 128},
     # AOTAutograd's activation memory budget (split form, W3/W4): the backward recomputes the critic's
     # BN apply and ReLU from the saved bf16 GEMM outputs instead of reading fp32 copies the forward
     # wrote (W3's critic loss: 193 -> 57 MB saved an update; experiments/bench/saved_activations.py).
@@ -126,10 +131,13 @@ GRAPH_STUDIES = {
     "ours_graph_budget": {"activation_memory_budget": 0.7},
     # the critic's ReLU after each up projection on the rounded (bf16) BN output: the same values,
     # but the forward writes and the backward reads bf16 where they used an fp32 copy beside its cast
-    "ours_graph_relu_bf16": {"relu_in_autocast_dtype": True},
+    "ours_graph_relu_bf16": {**PLAIN_NETWORK, "relu_in_autocast_dtype": True},
     # the three options no study found slower anywhere they were measured (2026-12-02), together:
-    # the candidate defaults, for the side by side with UniLab
-    "ours_graph_options": {"contiguous_weight_grads": True, "shared_input_bn_statistics": True, "relu_in_autocast_dtype": True},
+    # measured side by side with UniLab (0.934-0.975x of ours_graph_plain), the compiled modes'
+    # default since session 23, so now the same learner as ours_graph (kept: the runs name it)
+    "ours_graph_options": {name: True for name in COMPILED_MODE_NETWORK_OPTIONS},
+    # graph mode as it was before those options became its default: the three off
+    "ours_graph_plain": PLAIN_NETWORK,
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
