@@ -243,6 +243,33 @@ def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_i
     assert sum(dtypes.values()) == len(calls) and set(dtypes) >= {"mm:float32,float32", "bmm:float32,float32"}
 
 
+def test_the_aligned_replay_pads_every_gemm_dim_alike_and_keeps_each_operands_layout(monkeypatch):
+    # --align: eager's calls with their matrix dims rounded up as Inductor's pad_mm does (W1's
+    # obs 98 / critic obs 101 / action 29 are not 16-byte multiples): every padded call must
+    # still be a valid GEMM, each operand keep its dim order (a transposed one stays transposed)
+    torch = pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    gemm_ceiling = load_bench("gemm_ceiling")
+    # W1's dims, a small batch (12: not a multiple of 8 either)
+    workload = dict(batch_size=12, updates_per_step=1, policy_frequency=1, obs_dim=98, critic_obs_dim=101, action_dim=29)
+    calls, flops = gemm_ceiling.record(workload, "cpu")
+    g = torch.Generator().manual_seed(0)
+    padded_flops = 0
+    unaligned = 0
+    for name, spec, kwargs in calls:
+        padded = gemm_ceiling.aligned(spec, 8)
+        for (shape, stride, dtype), (pshape, pstride, pdtype) in zip(
+                [s for s in spec if gemm_ceiling.is_operand(s)], [s for s in padded if gemm_ceiling.is_operand(s)]):
+            assert pdtype == dtype and all(n % 8 == 0 for n in pshape[-2:]) and all(p >= n for p, n in zip(pshape, shape))
+            order = lambda st: sorted((i for i in range(len(st)) if st[i]), key=lambda i: (st[i], i))  # noqa: E731
+            assert order(pstride) == order(stride)
+            unaligned += any(n % 8 for n in shape[-2:])
+        out = getattr(torch.ops.aten, name).default(*gemm_ceiling.operands(padded, "cpu", g), **kwargs)
+        assert torch.isfinite(out).all()
+        padded_flops += gemm_ceiling.gemm_flops(name, padded)
+    assert unaligned and padded_flops > flops  # there was something to pad, and padding adds work
+
+
 def test_a_copy_kernels_time_is_read_off_its_curve_in_log_log(roofline):
     curve = [[1e4, 2.0], [1e6, 4.0], [1e8, 40.0]]
     assert roofline.copy_us(1e-6, curve) == pytest.approx(2.0)  # 1 kB: below the smallest size, its fixed cost

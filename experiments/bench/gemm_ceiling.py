@@ -61,6 +61,27 @@ def gemm_flops(name: str, spec: list) -> int:
     return 2 * a[0] * a[1] * a[2] * b[2]
 
 
+def aligned(spec: list, multiple: int = 8) -> list:
+    """``spec`` with every operand's matrix dims (the last two; a bias's one) rounded up to
+    ``multiple`` elements and dense strides in the recorded dim order: the padding Inductor's
+    pad_mm gives a GEMM whose leading dimension is not 16-byte aligned (obs 98, critic obs 101,
+    action 29), which eager's calls keep and cuBLAS then serves with align1 kernels. A GEMM
+    dim is shared by two operands, so both round it alike and the calls stay valid."""
+    out = []
+    for s in spec:
+        if not is_operand(s):
+            out.append(s)
+            continue
+        shape, stride, dtype = s
+        lead = len(shape) - min(len(shape), 2)
+        padded = tuple(n if i < lead else -(-n // multiple) * multiple for i, n in enumerate(shape))
+        new_stride, step = [0] * len(shape), 1
+        for i in sorted((i for i in range(len(shape)) if stride[i]), key=lambda i: (stride[i], i)):  # innermost first
+            new_stride[i], step = step, step * padded[i]  # a broadcast (stride-0) dim stays 0
+        out.append((padded, tuple(new_stride), dtype))
+    return out
+
+
 def operands(spec: list, device: str, generator: torch.Generator) -> list:
     """Fresh operands of the recorded shapes, strides and dtypes (random values: zeros run
     faster): each a view of the span its strides reach, as a transposed operand is."""
@@ -160,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--align", type=int, default=0, metavar="N",
+                        help="also replay every call with its matrix dims rounded up to N elements (aligned; Inductor pads to 8 for bf16)")
     parser.add_argument("--profile", action="store_true",
                         help="also the calls' kernel time under torch.profiler, run eagerly (profiled_kernels)")
     parser.add_argument("--output", type=Path, required=True)
@@ -180,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         cell = {"workload": name, "gemms": len(calls), "gemms_by_op": by_op, "gemm_flops": recorded,
                 "iteration_flops_torch_counter": flops, "us_median": median, "us_p90": percentile(times, 0.9),
                 "tflops_alone": recorded / (median * 1e-6) / 1e12, "operand_dtypes": operand_dtypes(calls)}
+        if args.align:  # the same calls padded as Inductor pads them: graph mode's GEMMs
+            padded = [(n, aligned(s, args.align), kw) for n, s, kw in calls]
+            padded_times = replay_us(padded, repeat=args.repeat)
+            cell["aligned"] = {"multiple": args.align, "us_median": statistics.median(padded_times),
+                               "us_p90": percentile(padded_times, 0.9),
+                               "gemm_flops_padded": sum(gemm_flops(n, s) for n, s, _ in padded)}
+            recorded_calls[name + "/aligned"] = padded
         report["cells"].append(cell)
         recorded_calls[name] = calls
         print(f"{name}: {len(calls)} GEMMs ({by_op}), {recorded / 1e9:.1f} GFLOP, alone {cell['us_median']:.0f} us "
@@ -188,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     # Profiled only after every cell was timed: CUPTI stays attached once the profiler ran.
     for cell in report["cells"] if args.profile else []:
         cell["profiled"] = profiled_kernels(recorded_calls[cell["workload"]])
+        if "aligned" in cell:
+            cell["aligned"]["profiled"] = profiled_kernels(recorded_calls[cell["workload"] + "/aligned"])
         print(f"{cell['workload']}: kernels {cell['profiled']['kernel_us_per_pass']:.0f} us a pass "
               f"({cell['profiled']['kernels_per_pass']:.0f} launches)", flush=True)
         write_report(report, args.output)
