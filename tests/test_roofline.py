@@ -300,3 +300,9 @@ def test_the_size_ceiling_gives_each_kernel_its_copys_time_and_the_gemms_their_t
     # an older benchmark JSON (no counted_kernels) gets no size bound rather than a wrong one
     del cell["counted_kernels"]
     assert "ms_at_size_ceilings" not in roofline.table(cell, {"gemm_flops": 1e9}, peaks)
+
+
+def test_the_gemm_ceiling_is_the_aligned_replay_where_it_ran(roofline):
+    # graph mode's GEMMs are Inductor-padded: the aligned replay is their ceiling, the plain one only without it
+    assert roofline.gemm_ceiling_us({"us_median": 4251.0, "aligned": {"us_median": 2400.0}}) == 2400.0
+    assert roofline.gemm_ceiling_us({"us_median": 4251.0}) == 4251.0
