@@ -207,6 +207,9 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             raise ValueError("critic_target_stream and stack_target_critic exclude each other: the stacked forward has no separate target branch")
         if self.activation_memory_budget is not None and not 0.0 < self.activation_memory_budget < 1.0:
             raise ValueError(f"activation_memory_budget must be in (0, 1) or None (torch's default), got {self.activation_memory_budget}")
+        for name in COMPILED_MODE_NETWORK_OPTIONS:  # a string from a command line ("false") would read as on
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"{name} must be true, false or null (on in the compiled modes), got {getattr(self, name)!r}")
         if self.input_bn_chunk_rows < 0:
             raise ValueError(f"input_bn_chunk_rows must be >= 0 (0: one pass), got {self.input_bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):

@@ -453,6 +453,8 @@ def test_the_critic_options_default_to_on_in_the_compiled_modes_and_off_in_eager
     for value in (False, True):
         explicit = FlashSACConfig(**{**SMALL, "learner_mode": mode, **{n: value for n in COMPILED_MODE_NETWORK_OPTIONS}})
         assert explicit.critic_network_options() == {name: value for name in COMPILED_MODE_NETWORK_OPTIONS}
+    with pytest.raises(ValueError, match="contiguous_weight_grads must be true, false or null"):
+        FlashSACConfig(**{**SMALL, "learner_mode": mode, "contiguous_weight_grads": "false"})
     if mode != "graph":  # and the learner's critics (online and target) carry the resolved values
         learner = make(mode)
         for net in (learner.critic, learner.target_critic):
