@@ -137,7 +137,7 @@ class EngineOptions:
     # (members, out, in) layout (networks.member_linear), instead of einsum's x^T g returned
     # transposed, which the flat gradient's assembly then gathers with strided reads (~2% of W2's
     # iteration, results/roofline/README.md). The same sums, possibly rounded in another order, so
-    # off by default: eager stays bit-identical to UniLab's einsum. Measured (ours_graph_weight_grads,
+    # not in eager, which stays bit-identical to UniLab's einsum. Measured (ours_graph_weight_grads,
     # results/learner_benchmark/studies_2026-12-02): 0.993x / 0.988x / 1.000x at W1 / W2 / W4.
     # None (this and the next two options): on in the compiled modes, off in eager (UniLab's
     # order: the oracle stays bit-identical). Together they measured 0.934-0.975x of graph mode
