@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from flashsac_opt.engine import check_mode
+from flashsac_opt.engine import check_mode, is_compiled
 
 
 @dataclass
@@ -191,7 +191,7 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
 
     def critic_network_options(self) -> dict[str, bool]:
         """COMPILED_MODE_NETWORK_OPTIONS resolved for this config's learner mode."""
-        compiled = self.learner_mode != "eager"
+        compiled = is_compiled(self.learner_mode)
         return {name: compiled if getattr(self, name) is None else bool(getattr(self, name))
                 for name in COMPILED_MODE_NETWORK_OPTIONS}
 

@@ -62,6 +62,11 @@ CAPTURE_WARMUP_ITERATIONS = 2
 DEFERRED_ITERATIONS_UNCAPTURED = 1
 
 
+def is_compiled(mode: str) -> bool:
+    """Whether ``mode`` runs the objectives under torch.compile (compile and graph mode)."""
+    return check_mode(mode) != "eager"
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"learner_mode must be one of {MODES}, got {mode!r}")
@@ -190,7 +195,7 @@ class Engine:
         self.device = device
         if self.mode == "graph" and device.type != "cuda":
             raise ValueError(f"learner_mode=graph needs a CUDA device, got {device}; use learner_mode=eager or compile there")
-        self.compiled = self.mode != "eager"
+        self.compiled = is_compiled(self.mode)
         self._networks = dict(updates)
         self._iteration = iteration
         self.state = list(state)
