@@ -28,6 +28,14 @@ def roofline():
         sys.path[:] = saved
 
 
+@pytest.fixture
+def gemm_ceiling(monkeypatch):
+    """experiments/bench/gemm_ceiling.py (it records and replays torch GEMMs: skipped without torch)."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    return load_bench("gemm_ceiling")
+
+
 # Kernel names as torch.profiler recorded them on the H200 (results/learner_benchmark/, W3)
 @pytest.mark.parametrize("name, expected", [
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "GEMM"),
@@ -221,12 +229,10 @@ def test_the_ratio_without_a_class_bounds_what_a_remedy_of_that_class_can_give(r
     assert rows["BN apply"]["ratio_without_class"] == pytest.approx(10.0 / 16.0)  # a class with no kernels gives nothing
 
 
-def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_its_operands(monkeypatch):
+def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_its_operands(gemm_ceiling):
     # gemm_ceiling replays what one eager iteration dispatched: the recorded calls must carry all
     # of torch's counted FLOPs (forward and backward) and rebuild operands of the same layout
-    torch = pytest.importorskip("torch")
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    gemm_ceiling = load_bench("gemm_ceiling")
+    import torch
     workload = dict(batch_size=16, updates_per_step=2, policy_frequency=2, obs_dim=12, critic_obs_dim=15, action_dim=4)
     calls, flops = gemm_ceiling.record(workload, "cpu")
     assert {name for name, _, _ in calls} >= {"mm", "bmm"}  # the actor's linears and the critic ensemble's batched GEMMs
@@ -243,13 +249,11 @@ def test_the_gemm_ceiling_records_every_gemm_flop_of_an_iteration_and_rebuilds_i
     assert sum(dtypes.values()) == len(calls) and set(dtypes) >= {"mm:float32,float32", "bmm:float32,float32"}
 
 
-def test_the_aligned_replay_pads_every_gemm_dim_alike_and_keeps_each_operands_layout(monkeypatch):
+def test_the_aligned_replay_pads_every_gemm_dim_alike_and_keeps_each_operands_layout(gemm_ceiling):
     # --align: eager's calls with their matrix dims rounded up as Inductor's pad_mm does (W1's
     # obs 98 / critic obs 101 / action 29 are not 16-byte multiples): every padded call must
     # still be a valid GEMM, each operand keep its dim order (a transposed one stays transposed)
-    torch = pytest.importorskip("torch")
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    gemm_ceiling = load_bench("gemm_ceiling")
+    import torch
     # W1's dims, a small batch (12: not a multiple of 8 either)
     workload = dict(batch_size=12, updates_per_step=1, policy_frequency=1, obs_dim=98, critic_obs_dim=101, action_dim=29)
     calls, flops = gemm_ceiling.record(workload, "cpu")
