@@ -203,23 +203,24 @@ def main(argv: list[str] | None = None) -> int:
         cell = {"workload": name, "gemms": len(calls), "gemms_by_op": by_op, "gemm_flops": recorded,
                 "iteration_flops_torch_counter": flops, "us_median": median, "us_p90": percentile(times, 0.9),
                 "tflops_alone": recorded / (median * 1e-6) / 1e12, "operand_dtypes": operand_dtypes(calls)}
+        padded = None
         if args.align:  # the same calls padded as Inductor pads them: graph mode's GEMMs
             padded = [(n, aligned(s, args.align), kw) for n, s, kw in calls]
             padded_times = replay_us(padded, repeat=args.repeat)
             cell["aligned"] = {"multiple": args.align, "us_median": statistics.median(padded_times),
                                "us_p90": percentile(padded_times, 0.9),
                                "gemm_flops_padded": sum(gemm_flops(n, s) for n, s, _ in padded)}
-            recorded_calls[name + "/aligned"] = padded
         report["cells"].append(cell)
-        recorded_calls[name] = calls
+        recorded_calls[name] = (calls, padded)
         print(f"{name}: {len(calls)} GEMMs ({by_op}), {recorded / 1e9:.1f} GFLOP, alone {cell['us_median']:.0f} us "
               f"(p90 {cell['us_p90']:.0f}), {cell['tflops_alone']:.0f} TFLOP/s {cell['operand_dtypes']}", flush=True)
         write_report(report, args.output)
     # Profiled only after every cell was timed: CUPTI stays attached once the profiler ran.
     for cell in report["cells"] if args.profile else []:
-        cell["profiled"] = profiled_kernels(recorded_calls[cell["workload"]])
-        if "aligned" in cell:
-            cell["aligned"]["profiled"] = profiled_kernels(recorded_calls[cell["workload"] + "/aligned"])
+        calls, padded = recorded_calls[cell["workload"]]
+        cell["profiled"] = profiled_kernels(calls)
+        if padded is not None:
+            cell["aligned"]["profiled"] = profiled_kernels(padded)
         print(f"{cell['workload']}: kernels {cell['profiled']['kernel_us_per_pass']:.0f} us a pass "
               f"({cell['profiled']['kernels_per_pass']:.0f} launches)", flush=True)
         write_report(report, args.output)
