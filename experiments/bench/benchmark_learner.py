@@ -110,7 +110,11 @@ GRAPH_STUDIES = {
     # dependent chain of ~350 small kernels whose gaps add ~0.36 ms to ~0.96 ms of kernel time
     # (the captured graph keeps the programmatic edges; cuBLAS GEMMs launch as before).
     # Measured 2026-12-02: 1.013x / 0.977x / 1.011x at W1 / W2 / W4
+    # Graph mode's default on Hopper and newer since session 26 (0.939x / 0.966x at W1 / W2 side
+    # by side, results/learner_benchmark/side_by_side_pdl_2026-12-03/): ours_graph_pdl is then
+    # ours_graph, and ours_graph_no_pdl is graph mode as it was before
     "ours_graph_pdl": {"inductor_options": {"triton.enable_pdl": True}},
+    "ours_graph_no_pdl": {"inductor_options": {"triton.enable_pdl": False}},
     # the critic's weight gradients formed in the weights' own layout (contiguous_weight_grads):
     # einsum's come out transposed and the flat gradient's assembly gathers them with strided
     # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration).
