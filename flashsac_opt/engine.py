@@ -127,23 +127,9 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
         # (FLASH_SAC_OPTIMIZATION.md, "Inductor options"), for ~25% more peak memory;
         # extra={"combo_kernels": False} opts out.
         "combo_kernels": cuda and mode == "graph",
-        # Programmatic Dependent Launch (Hopper and newer): each generated Triton kernel may
-        # start while the one before it drains, waiting on the device for its inputs instead of
-        # behind the previous kernel's tail; the whole-iteration capture keeps those edges.
-        # Graph mode only, where an iteration is one dependent chain of hundreds of small
-        # kernels (H200, side by side: 0.94x at W1, 0.97x at W2; FLASH_SAC_OPTIMIZATION.md,
-        # "Programmatic Dependent Launch"); extra={"triton.enable_pdl": False} opts out.
-        "triton.enable_pdl": mode == "graph" and programmatic_launch_supported(device),
     }
     options.update(extra or {})
     return options
-
-
-def programmatic_launch_supported(device: torch.device) -> bool:
-    """Whether ``device`` is a CUDA GPU of compute capability 9.0 or newer (PDL's floor)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def mark_static(*tensors: torch.Tensor) -> None:

@@ -261,7 +261,10 @@ def test_the_compile_from_the_childs_caches_uses_the_runners_wait_for_its_collec
 
 def test_with_a_loaded_cache_file_no_child_starts_and_the_compile_waits_for_the_runners_wait(require_unilab, monkeypatch, tmp_path, capsys):
     # compile_ahead.WarmCache: done from the start, yet prepare_for_collection does not compile
-    # (the collector would wait for it); the runner's first wait for its collector does
+    # (the collector would wait for it); the runner's first wait for its collector does.
+    # A cache folder of its own: the session's is shared, and an earlier test's training may have
+    # left a file under this learner's key, which the load below must not find.
+    monkeypatch.setenv("FLASHSAC_OPT_CACHE_DIR", str(tmp_path / "flashsac_opt_cache"))
     learner, _, events = deferred_adapter(monkeypatch, tmp_path, compile_ahead.WarmCache("/c/key.bin"))
     engine = learner.learner.engine
     assert engine.compile_deferred and engine.compiled_names() == []  # the collector starts first

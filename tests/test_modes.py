@@ -617,35 +617,17 @@ def test_graph_mode_needs_cuda():
         make("graph")
 
 
-def test_inductor_options_turn_horizontal_fusion_on_for_graph_mode_on_cuda_only(monkeypatch):
-    from flashsac_opt import engine
+def test_inductor_options_turn_horizontal_fusion_on_for_graph_mode_on_cuda_only():
     from flashsac_opt.engine import inductor_options
 
-    monkeypatch.setattr(engine, "programmatic_launch_supported", lambda device: device.type == "cuda")  # a Hopper GPU
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert inductor_options("graph", cuda)["combo_kernels"] is True
     assert inductor_options("graph", cuda)["triton.cudagraphs"] is False  # no capture inside the capture
-    assert inductor_options("graph", cuda)["triton.enable_pdl"] is True
-    assert inductor_options("compile", cuda) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False,
-                                                 "triton.enable_pdl": False}
+    assert inductor_options("compile", cuda) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False}
     assert not any(inductor_options("compile", cpu).values())
     # the user's options win over the defaults, and add to them
     mine = {"combo_kernels": False, "aggressive_fusion": True}
-    assert inductor_options("graph", cuda, mine) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False,
-                                                     "triton.enable_pdl": True, "aggressive_fusion": True}
-    # a GPU older than Hopper: no programmatic launches
-    monkeypatch.setattr(engine, "programmatic_launch_supported", lambda device: False)
-    assert inductor_options("graph", cuda)["triton.enable_pdl"] is False
-
-
-def test_programmatic_launch_needs_a_cuda_gpu_of_capability_9(monkeypatch):
-    from flashsac_opt.engine import programmatic_launch_supported
-
-    assert programmatic_launch_supported(torch.device("cpu")) is False
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for capability, supported in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
-        assert programmatic_launch_supported(torch.device("cuda", 0)) is supported, capability
+    assert inductor_options("graph", cuda, mine) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False, "aggressive_fusion": True}
 
 
 # ------------------------------------------------------------------ GPU
