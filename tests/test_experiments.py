@@ -1,5 +1,6 @@
 """Command-line handling and JSON schema of the experiments (CPU)."""
 
+import copy
 import importlib.util
 import json
 import logging
@@ -361,20 +362,35 @@ def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):
     assert bad.returncode == 2 and "--mode graph needs --device cuda" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.fixture(scope="module")
+def grad_sync_cells(tmp_path_factory):
+    """`benchmark_multigpu.py --grad-sync both` at one gradient wire dtype: its cells, each wire's
+    command run once per module. The bfloat16 case compares against the float32 cells, the very
+    command (same arguments, same seeds, deterministic on gloo) the float32 case asserts on: run
+    twice, it cost ~17 s of two-rank start-up for the same JSON."""
+    runs: dict[str, list[dict]] = {}
+
+    def cells(wire: str) -> list[dict]:
+        if wire not in runs:
+            folder = tmp_path_factory.mktemp(f"grad_sync_{wire}")
+            out = folder / f"mg_{wire}.json"
+            done = run("bench/benchmark_multigpu.py", "--device", "cpu", "--nproc", "2", "--workloads", "T", "--iters", "2", "--warmup", "1",
+                       "--capacity", "256", "--grad-sync", "both", "--gradient-wire-dtype", wire, "--output", str(out), "--plot", str(folder / "mg.png"))
+            assert done.returncode == 0, done.stdout + done.stderr
+            runs[wire] = json.loads(out.read_text())["cells"]
+        return copy.deepcopy(runs[wire])
+
+    return cells
+
+
 @pytest.mark.parametrize("wire", ["float32", "bfloat16"])
-def test_benchmark_multigpu_unilab_gradient_sync_reaches_the_same_state_as_the_own_bucket(tmp_path, require_unilab, wire):
+def test_benchmark_multigpu_unilab_gradient_sync_reaches_the_same_state_as_the_own_bucket(require_unilab, grad_sync_cells, wire):
     """--grad-sync both: the 2-rank cell runs once with flashsac_opt's averager and once with
     UniLab's gradient all-reduce (plus a second all-reduce for the loss, BN statistics and
     entropy). Both average the same numbers the same way (fp32: a sum of two, divided by two;
     bf16 wire: rounded, summed, restored, times one half), so on gloo the two cells must end in the
     same learner state, bit for bit, with bit-identical ranks; the bf16 wire sends fewer bytes."""
-    def cells(wire: str) -> list[dict]:
-        out = tmp_path / f"mg_{wire}.json"
-        done = run("bench/benchmark_multigpu.py", "--device", "cpu", "--nproc", "2", "--workloads", "T", "--iters", "2", "--warmup", "1",
-                   "--capacity", "256", "--grad-sync", "both", "--gradient-wire-dtype", wire, "--output", str(out), "--plot", str(tmp_path / "mg.png"))
-        assert done.returncode == 0, done.stdout + done.stderr
-        return json.loads(out.read_text())["cells"]
-
+    cells = grad_sync_cells
     own, unilab = cells(wire)
     assert (own["grad_sync"], unilab["grad_sync"]) == ("flashsac_opt", "unilab")
     assert "error" not in own and "error" not in unilab, (own.get("traceback"), unilab.get("traceback"))

@@ -51,7 +51,13 @@ EVAL_CODE = "import sys; from unilab.cli import eval_main; sys.argv = ['eval'] +
 def stock_eval(tmp_path: Path, run: Path, env: dict):
     """Stock (unpatched) UniLab's `eval` of the latest flashsac checkpoint in the run folder ``run``
     (under its log root, run.parent.parent), from a fresh copy of the installed UniLab with
-    placeholder meshes: 2 envs, 5 steps, recorded. Returns the CompletedProcess."""
+    placeholder meshes: 2 envs, 2 steps, recorded. Returns the CompletedProcess.
+
+    2 steps, not more: the checkpoint is loaded and the policy acts on an observation its own
+    action produced either way, but `record` renders each step's frame in a pool of spawned
+    processes (stock UniLab's PlaybackSession: up to 8, one more per frame until then), each
+    importing UniLab and opening an off-screen MuJoCo renderer (~5 s apiece on two cores):
+    measured 29-33 s for this eval at 5 steps, 18.6 s at 2."""
     import subprocess
     import sys
 
@@ -59,7 +65,7 @@ def stock_eval(tmp_path: Path, run: Path, env: dict):
     scene = add_g1_placeholders(stock / "unilab")
     return subprocess.run(
         [sys.executable, "-c", EVAL_CODE, "--algo", "flashsac", "--task", "g1_walk_flat", "--sim", "mujoco",
-         "--load-run", run.name, "--render-mode", "record", "training.play_steps=5", "training.play_env_num=2",
+         "--load-run", run.name, "--render-mode", "record", "training.play_steps=2", "training.play_env_num=2",
          "training.export_onnx=false", f"training.log_root={run.parent.parent}", f"env.scene.model_file={scene}"],
         env=dict(env, PYTHONPATH=str(stock), CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
