@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
-from flashsac_opt import compile_cache
+from flashsac_opt import compile_cache, pdl
 
 MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
@@ -127,8 +127,22 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
         # (FLASH_SAC_OPTIMIZATION.md, "Inductor options"), for ~25% more peak memory;
         # extra={"combo_kernels": False} opts out.
         "combo_kernels": cuda and mode == "graph",
+        # Programmatic Dependent Launch (Hopper and newer): each generated Triton kernel's
+        # blocks are scheduled while the kernel before it drains and wait on the device for
+        # it (pdl.py: every kernel waits before its first memory access; Inductor's own
+        # placement reads early). Graph mode only, where an iteration is one dependent chain of
+        # hundreds of small kernels; extra={"triton.enable_pdl": False} opts out.
+        "triton.enable_pdl": mode == "graph" and pdl.supported(device),
     }
     options.update(extra or {})
+    if options["triton.enable_pdl"]:
+        if "post_grad_custom_pre_pass" in (extra or {}):
+            raise ValueError(
+                "inductor_options: triton.enable_pdl with your own post_grad_custom_pre_pass is not supported "
+                "(flashsac_opt keys its wait-first PDL kernels by that pass, flashsac_opt/pdl.py); "
+                "set triton.enable_pdl to False or drop the pass"
+            )
+        options.update(pdl.inductor_options())
     return options
 
 

@@ -117,7 +117,11 @@ GRAPH_STUDIES = {
     # critic's target branch on a second stream drifted from eager (losses 0.16 against a 0.02
     # bound); both passed in the last suite without PDL. Consistent with a race (Triton's open
     # issue 11905: PDL's wrong results where a load is placed before gdc_wait), not isolated further:
-    # not a default. ours_graph_no_pdl is graph mode as shipped; that call's ours_graph had PDL on.
+    # not a default then. Session 27: flashsac_opt/pdl.py makes every generated kernel wait before
+    # its first memory access (Inductor's own placement lets loads not written by the scheduler's
+    # previous node run before the wait), and the engine gives PDL only with that codegen; PDL on
+    # is then graph mode's default on Hopper, ours_graph_pdl is ours_graph, and ours_graph_no_pdl
+    # is graph mode without PDL.
     "ours_graph_pdl": {"inductor_options": {"triton.enable_pdl": True}},
     "ours_graph_no_pdl": {"inductor_options": {"triton.enable_pdl": False}},
     # the critic's weight gradients formed in the weights' own layout (contiguous_weight_grads):

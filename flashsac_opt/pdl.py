@@ -1,0 +1,128 @@
+"""Programmatic Dependent Launch for Inductor's Triton kernels, every kernel waiting first.
+
+With PDL (Hopper and newer, ``triton.enable_pdl``) a kernel may start while the one before it
+drains: its blocks are scheduled early and sit in ``gdc_wait`` (griddepcontrol.wait) until the
+previous grid has completed and its writes are visible. That hides the dependent launch
+latency of graph mode's captured chain of small kernels. It is only correct if every PDL
+kernel waits before its first global memory access (CUDA Programming Guide, "Programmatic
+Dependent Launch"; NVIDIA/cccl#9134).
+
+Inductor's codegen (torch 2.11-2.13) waits before a load only when the *scheduler's* previous
+node wrote the loaded buffer, and lets every other load run before the wait. That assumes the
+previous scheduler node is the kernel launched just before, which breaks for a combo kernel's
+sub-kernels (their "previous node" is a sibling inside the same launch), for kernels without
+loads (a ``zeros`` fill waits for nothing and may let its successor start before the kernel
+two back has finished), and around extern kernels. With Inductor's PDL as the default, two GPU
+tests read stale values (results/gpu_tests/gpu_tests_pdl_2026-12-03.json): in-graph replay
+sampling 5.5e-4 off (bound 1e-5), the second-stream target branch 0.16 (bound 0.02).
+
+Here every generated Triton kernel (combo kernels included) gets ``gdc_wait`` as its first
+statement, so no kernel touches memory before its predecessor has completed: the launch still
+overlaps, the early loads do not. Kernels launched without PDL (cuBLAS, ATen) wait for their
+predecessor as always, and a second wait is a no-op, so the order of every memory access is
+that of an ordinary stream. Triton's own pipelining issue (triton-lang/triton#11905: a load
+hoisted above a wait inside a pipelined loop) cannot arise: nothing precedes the wait.
+
+The codegen hook acts only on compiles whose Inductor config carries ``cache_key()`` (a no-op
+post-grad pass whose uuid hashes this file), so Inductor's and AOTAutograd's caches never hand
+a compile with the hook a kernel generated without it, or the reverse.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+GDC_WAIT = "tl.extra.cuda.gdc_wait()"
+# the @triton.jit function's signature line, as Inductor writes it (one line, at column 0)
+_KERNEL_DEF = re.compile(r"^def \w+\(.*\):[ \t]*$", re.MULTILINE)
+_INSTALLED_ATTRIBUTE = "_flashsac_opt_pdl_wait_first"
+
+
+def supported(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA GPU of compute capability 9.0 or newer (PDL's floor)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def wait_first(source: str) -> str:
+    """``source`` (one generated Triton kernel module) with ``gdc_wait`` as the kernel's first
+    statement. Idempotent. Raises ValueError when no kernel signature is found, rather than
+    emit a PDL kernel that might read early."""
+    match = _KERNEL_DEF.search(source)
+    if match is None:
+        raise ValueError("no @triton.jit kernel signature ('def name(...):' at column 0) in the generated source")
+    head, tail = source[: match.end()], source[match.end():]
+    body = tail.lstrip("\n")
+    indent = body[: len(body) - len(body.lstrip(" "))] or "    "
+    if body.startswith(indent + GDC_WAIT):
+        return source
+    return f"{head}\n{indent}{GDC_WAIT}\n{body}"
+
+
+@functools.cache
+def cache_key() -> Any:
+    """The one ``CacheKey`` instance: a post-grad pass that changes nothing. Its uuid (this
+    file's hash) enters Inductor's and AOTAutograd's cache keys, and its presence in a
+    compile's config turns the hook on. Built on first use: importing Inductor costs ~2 s,
+    which a learner that never compiles should not pay."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class CacheKey(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return _source_hash()
+
+        def __repr__(self) -> str:  # stable across processes: compile_cache's key JSON uses repr
+            return f"flashsac_opt.pdl.CacheKey({self.uuid()})"
+
+    return CacheKey()
+
+
+@functools.cache
+def _source_hash() -> str:
+    return "flashsac_opt-pdl-wait-first-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def active() -> bool:
+    """Whether the compile in progress wants wait-first PDL kernels (read at codegen time)."""
+    config = torch._inductor.config
+    marker = config.post_grad_custom_pre_pass
+    # by uuid, not identity: a config patch may hold a copy of the pass
+    return bool(config.triton.enable_pdl) and callable(getattr(marker, "uuid", None)) and marker.uuid() == _source_hash()
+
+
+def _wrap(codegen_kernel: Callable[..., str]) -> Callable[..., str]:
+    @functools.wraps(codegen_kernel)
+    def codegen_kernel_waiting_first(self: Any, *args: Any, **kwargs: Any) -> str:
+        source = codegen_kernel(self, *args, **kwargs)
+        return wait_first(source) if active() else source
+
+    setattr(codegen_kernel_waiting_first, _INSTALLED_ATTRIBUTE, True)
+    return codegen_kernel_waiting_first
+
+
+def install() -> None:
+    """Wrap the code generation of Inductor's Triton kernels and combo kernels (idempotent).
+    Templates are left alone: Inductor never gives them PDL."""
+    from torch._inductor.codegen.triton import TritonKernel
+    from torch._inductor.codegen.triton_combo_kernel import ComboKernel
+
+    for cls in (TritonKernel, ComboKernel):
+        current = cls.codegen_kernel
+        if not getattr(current, _INSTALLED_ATTRIBUTE, False):
+            cls.codegen_kernel = _wrap(current)
+
+
+def inductor_options() -> dict[str, Any]:
+    """The Inductor options of wait-first PDL (and the hook installed for them)."""
+    install()
+    return {"triton.enable_pdl": True, "post_grad_custom_pre_pass": cache_key()}
