@@ -32,15 +32,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 GDC_WAIT = "tl.extra.cuda.gdc_wait()"
-# the @triton.jit function's signature line, as Inductor writes it (one line, at column 0)
-_KERNEL_DEF = re.compile(r"^def \w+\(.*\):[ \t]*$", re.MULTILINE)
 _INSTALLED_ATTRIBUTE = "_flashsac_opt_pdl_wait_first"
 
 
@@ -53,17 +50,28 @@ def supported(device: torch.device) -> bool:
 
 def wait_first(source: str) -> str:
     """``source`` (one generated Triton kernel module) with ``gdc_wait`` as the kernel's first
-    statement. Idempotent. Raises ValueError when no kernel signature is found, rather than
-    emit a PDL kernel that might read early."""
-    match = _KERNEL_DEF.search(source)
-    if match is None:
-        raise ValueError("no @triton.jit kernel signature ('def name(...):' at column 0) in the generated source")
-    head, tail = source[: match.end()], source[match.end():]
-    body = tail.lstrip("\n")
-    indent = body[: len(body) - len(body.lstrip(" "))] or "    "
-    if body.startswith(indent + GDC_WAIT):
+    statement. Idempotent. Raises ValueError when the module has not exactly one ``@triton.jit``
+    function, rather than emit a PDL kernel that might read early.
+
+    Read line by line, not parsed: at codegen time the kernel is still named by Inductor's
+    placeholder (``def Placeholder.KERNEL_NAME(...)`` in torch 2.11), which is not Python."""
+    lines = source.splitlines(keepends=True)
+    decorators = [i for i, line in enumerate(lines) if line.strip().startswith("@triton.jit")]
+    signature = decorators[0] + 1 if len(decorators) == 1 else None
+    if signature is None or signature >= len(lines) or not lines[signature].startswith("def "):
+        raise ValueError(f"expected one @triton.jit function in the generated source, found {len(decorators)}:\n{source[:3000]}")
+    end = signature
+    while end < len(lines) and not lines[end].rstrip().endswith(":"):  # a signature over several lines
+        end += 1
+    first = end + 1
+    while first < len(lines) and not lines[first].strip():
+        first += 1
+    indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())] if first < len(lines) else ""
+    if not indent:
+        raise ValueError(f"no indented body below the @triton.jit signature in the generated source:\n{source[:3000]}")
+    if lines[first].strip() == GDC_WAIT:
         return source
-    return f"{head}\n{indent}{GDC_WAIT}\n{body}"
+    return "".join(lines[:first] + [indent + GDC_WAIT + "\n"] + lines[first:])
 
 
 @functools.cache

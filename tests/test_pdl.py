@@ -70,7 +70,7 @@ def triton_poi_fused_1(in_ptr0, out_ptr0, out_ptr1, xnumel_0, xnumel_1):
 def _kernel_body(source: str) -> list[str]:
     """The statements of the @triton.jit function, in order."""
     lines = source.splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(r"def triton_\w+\(", line))
+    start = next(i for i, line in enumerate(lines) if re.match(r"def [\w.]+\(", line))
     body = []
     for line in lines[start + 1:]:
         if line and not line.startswith(" "):
@@ -93,9 +93,26 @@ def test_wait_first_puts_the_wait_before_every_memory_access_and_changes_nothing
     assert pdl.wait_first(rewritten) == rewritten  # idempotent
 
 
-def test_wait_first_refuses_a_source_without_a_kernel_signature():
-    with pytest.raises(ValueError, match="kernel signature"):
-        pdl.wait_first("import triton\n@triton.jit\ndef broken(\n    x):\n    pass\n")
+def test_wait_first_reads_inductors_placeholder_name_and_a_long_signature():
+    # at codegen time torch 2.11 names the kernel by its placeholder, which is not Python
+    source = POINTWISE.replace("def triton_poi_fused_add_relu_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):",
+                               "def Placeholder.KERNEL_NAME(in_ptr0, in_ptr1,\n        out_ptr0, xnumel, XBLOCK : tl.constexpr):")
+    assert source != POINTWISE
+    rewritten = pdl.wait_first(source)
+    lines = rewritten.splitlines()
+    signature_end = lines.index("        out_ptr0, xnumel, XBLOCK : tl.constexpr):")
+    assert lines[signature_end + 1] == "    " + pdl.GDC_WAIT
+    assert lines[signature_end + 2] == "    xnumel = 1024"
+
+
+@pytest.mark.parametrize("source", [
+    "import triton\n\ndef get_args():\n    return []\n",  # no kernel
+    COMBO + COMBO,  # two kernels
+    "@triton.jit\n",  # a decorator and nothing under it
+], ids=["none", "two", "truncated"])
+def test_wait_first_refuses_a_module_it_cannot_read(source):
+    with pytest.raises(ValueError, match="@triton.jit"):
+        pdl.wait_first(source)
 
 
 def test_the_hook_rewrites_only_compiles_that_carry_the_key():
