@@ -52,6 +52,11 @@ from flashsac_opt import compile_cache, pdl
 
 MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
+# Programmatic Dependent Launch pays where an update is a chain of small kernels: graph mode on
+# an H200, side by side (results/learner_benchmark/side_by_side_pdl_wait_first_2026-12-03/):
+# 0.930x at 256 rows x 2 updates, 0.947x at 256 x 8, 1.001x at 2048 x 8 and 1.025x at 8192 x 4
+# (there the early-scheduled blocks of the next kernel hold SM slots the current one's waves need).
+PDL_MAX_BATCH = 1024
 # Iterations run on a side stream before a capture: they compile every function and let the
 # allocator and cuBLAS settle; their effects on the training state are undone.
 CAPTURE_WARMUP_ITERATIONS = 2
@@ -111,8 +116,10 @@ class NetworkUpdate:
 Iteration = Callable[[dict, Schedule, Mapping[str, Callable[..., torch.Tensor]]], None]
 
 
-def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Inductor options of the compiled modes: flashsac_opt's defaults, then ``extra``."""
+def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] | None = None,
+                     rows: int | None = None) -> dict[str, Any]:
+    """Inductor options of the compiled modes for ``rows`` per update (None: not known yet):
+    flashsac_opt's defaults, then ``extra``."""
     cuda = device.type == "cuda"
     options = {
         # Inductor's CUDA graphs in compile mode only: graph mode captures the whole
@@ -131,8 +138,9 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
         # blocks are scheduled while the kernel before it drains and wait on the device for
         # it (pdl.py: every kernel waits before its first memory access; Inductor's own
         # placement reads early). Graph mode only, where an iteration is one dependent chain of
-        # hundreds of small kernels; extra={"triton.enable_pdl": False} opts out.
-        "triton.enable_pdl": mode == "graph" and pdl.supported(device),
+        # hundreds of small kernels, and at most PDL_MAX_BATCH rows per update;
+        # extra={"triton.enable_pdl": False} opts out, True opts in at any batch.
+        "triton.enable_pdl": mode == "graph" and rows is not None and rows <= PDL_MAX_BATCH and pdl.supported(device),
     }
     options.update(extra or {})
     if options["triton.enable_pdl"]:
@@ -227,6 +235,7 @@ class Engine:
         # Fused only where it is compiled: in eager, torch.func's per-op wrapping is pure overhead.
         self._fusable = self.compiled and reduce is None
         self.fused_update: bool | None = None  # decided by the first batch
+        self._rows: int | None = None  # the first batch's rows per update (static from then on)
         self._updates: dict[str, Callable[..., torch.Tensor]] | None = None
         self._graph: CapturedIteration | None = CapturedIteration(self) if self.mode == "graph" else None
         if self.compiled:
@@ -299,7 +308,7 @@ class Engine:
             config=self._cache_key_inputs.get("config", {}),
             mode=self.mode,
             backend=self._backend,
-            inductor_options=self._inductor_options(),
+            inductor_options=self._inductor_options(rows),
             fused_update=self._fused_option,
             data_parallel=self._reduce is not None,
             networks=sorted(self._networks),
@@ -311,6 +320,7 @@ class Engine:
         (the per-update batch size) and compiles them (lazily: torch.compile compiles at the
         first call), after loading the compile cache."""
         if self._updates is None:
+            self._rows = int(rows)
             if self.compile_deferred:  # uncompiled, split form (in eager the fused form is pure overhead)
                 self.fused_update = False
                 self._updates = {name: self._build(net) for name, net in self._networks.items()}
@@ -337,14 +347,15 @@ class Engine:
             f"{name}_{part}" for name, net in self._networks.items() for part in (("step",) if self._fused(net) else ("loss", "apply"))
         ]
 
-    def _inductor_options(self) -> dict[str, Any] | None:
-        """The options the compiled functions get (None for a backend other than Inductor)."""
-        return inductor_options(self.mode, self.device, self._extra_options) if self._backend == "inductor" else None
+    def _inductor_options(self, rows: int | None) -> dict[str, Any] | None:
+        """The options the compiled functions get for ``rows`` per update (None for a backend
+        other than Inductor)."""
+        return inductor_options(self.mode, self.device, self._extra_options, rows) if self._backend == "inductor" else None
 
     def _compile(self, fn: Callable) -> Callable:
         if not self.compiled or self.compile_deferred:
             return fn
-        return compile_objective(fn, self._backend, self._inductor_options(), self._functorch_config)
+        return compile_objective(fn, self._backend, self._inductor_options(self._rows), self._functorch_config)
 
     def _build(self, net: NetworkUpdate) -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held

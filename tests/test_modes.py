@@ -625,36 +625,42 @@ def test_inductor_options_turn_horizontal_fusion_on_for_graph_mode_on_cuda_only(
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert inductor_options("graph", cuda)["combo_kernels"] is True
     assert inductor_options("graph", cuda)["triton.cudagraphs"] is False  # no capture inside the capture
-    assert inductor_options("compile", cuda) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False,
-                                                 "triton.enable_pdl": False}
-    assert not any(inductor_options("compile", cpu).values())
+    assert inductor_options("compile", cuda, rows=256) == {"triton.cudagraphs": True, "force_shape_pad": True, "combo_kernels": False,
+                                                           "triton.enable_pdl": False}
+    assert not any(inductor_options("compile", cpu, rows=256).values())
     # the user's options win over the defaults, and add to them
     mine = {"combo_kernels": False, "aggressive_fusion": True}
-    assert inductor_options("graph", cuda, mine) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False,
-                                                     "triton.enable_pdl": True, "aggressive_fusion": True,
-                                                     "post_grad_custom_pre_pass": pdl.cache_key()}
+    assert inductor_options("graph", cuda, mine, rows=256) == {"triton.cudagraphs": False, "force_shape_pad": True, "combo_kernels": False,
+                                                               "triton.enable_pdl": True, "aggressive_fusion": True,
+                                                               "post_grad_custom_pre_pass": pdl.cache_key()}
 
 
-def test_graph_mode_launches_programmatically_on_hopper_only_and_always_waiting_first(monkeypatch):
+def test_graph_mode_launches_programmatically_at_small_batches_on_hopper_and_always_waiting_first(monkeypatch):
     from flashsac_opt import pdl
-    from flashsac_opt.engine import inductor_options
+    from flashsac_opt.engine import PDL_MAX_BATCH, inductor_options
 
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(pdl, "supported", lambda device: device.type == "cuda")
-    graph = inductor_options("graph", cuda)
+    graph = inductor_options("graph", cuda, rows=256)
     # PDL comes only with the pass that keys (and turns on) the wait-first codegen
     assert graph["triton.enable_pdl"] is True and graph["post_grad_custom_pre_pass"] is pdl.cache_key()
-    opted_out = inductor_options("graph", cuda, {"triton.enable_pdl": False})
+    # by the per-update batch: on up to PDL_MAX_BATCH rows, off above and while the rows are unknown
+    assert inductor_options("graph", cuda, rows=PDL_MAX_BATCH)["triton.enable_pdl"] is True
+    for rows in (PDL_MAX_BATCH + 1, 8192, None):
+        options = inductor_options("graph", cuda, rows=rows)
+        assert options["triton.enable_pdl"] is False and "post_grad_custom_pre_pass" not in options, rows
+    opted_out = inductor_options("graph", cuda, {"triton.enable_pdl": False}, rows=256)
     assert opted_out["triton.enable_pdl"] is False and "post_grad_custom_pre_pass" not in opted_out
-    # PDL asked for in compile mode gets the wait-first key too: never Inductor's own placement
-    assert inductor_options("compile", cuda, {"triton.enable_pdl": True})["post_grad_custom_pre_pass"] is pdl.cache_key()
+    # PDL asked for (compile mode, a large batch) gets the wait-first key too: never Inductor's own placement
+    assert inductor_options("compile", cuda, {"triton.enable_pdl": True}, rows=256)["post_grad_custom_pre_pass"] is pdl.cache_key()
+    assert inductor_options("graph", cuda, {"triton.enable_pdl": True}, rows=8192)["post_grad_custom_pre_pass"] is pdl.cache_key()
     with pytest.raises(ValueError, match="post_grad_custom_pre_pass"):
-        inductor_options("graph", cuda, {"post_grad_custom_pre_pass": lambda graph: None})
+        inductor_options("graph", cuda, {"post_grad_custom_pre_pass": lambda graph: None}, rows=256)
     # the user's own pass is fine once PDL is off
     mine = lambda graph: None  # noqa: E731
-    assert inductor_options("graph", cuda, {"triton.enable_pdl": False, "post_grad_custom_pre_pass": mine})["post_grad_custom_pre_pass"] is mine
+    assert inductor_options("graph", cuda, {"triton.enable_pdl": False, "post_grad_custom_pre_pass": mine}, rows=256)["post_grad_custom_pre_pass"] is mine
     monkeypatch.setattr(pdl, "supported", lambda device: False)  # a GPU older than Hopper
-    assert inductor_options("graph", cuda)["triton.enable_pdl"] is False
+    assert inductor_options("graph", cuda, rows=256)["triton.enable_pdl"] is False
 
 
 # ------------------------------------------------------------------ GPU

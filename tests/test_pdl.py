@@ -195,7 +195,7 @@ def test_every_generated_kernel_waits_first_on_hopper():
 
     args = (torch.randn(256, 64, device=device), torch.randn(64, 64, device=device), torch.randn(64, device=device))
     torch._dynamo.reset()
-    compiled = torch.compile(fn, options=inductor_options("graph", device), fullgraph=True)
+    compiled = torch.compile(fn, options=inductor_options("graph", device, rows=256), fullgraph=True)
     result, codes = run_and_get_code(compiled, *args)
     kernels = re.findall(r"@triton\.jit\n(def triton_\w+\(.*?)(?=\n\S|\Z)", "\n".join(codes), flags=re.DOTALL)
     assert kernels, "no Triton kernel generated"

@@ -119,9 +119,11 @@ GRAPH_STUDIES = {
     # issue 11905: PDL's wrong results where a load is placed before gdc_wait), not isolated further:
     # not a default then. Session 27: flashsac_opt/pdl.py makes every generated kernel wait before
     # its first memory access (Inductor's own placement lets loads not written by the scheduler's
-    # previous node run before the wait), and the engine gives PDL only with that codegen; PDL on
-    # is then graph mode's default on Hopper, ours_graph_pdl is ours_graph, and ours_graph_no_pdl
-    # is graph mode without PDL.
+    # previous node run before the wait), and the engine gives PDL only with that codegen. Beside
+    # UniLab (side_by_side_pdl_wait_first_2026-12-03): 0.930x / 0.947x / 1.001x / 1.025x of graph
+    # mode without it at W1 / W2 / W3 / W4, so graph mode's default on Hopper up to
+    # engine.PDL_MAX_BATCH rows per update: ours_graph_pdl (PDL at every batch) is ours_graph at
+    # W1 / W2, ours_graph_no_pdl is ours_graph at W3 / W4.
     "ours_graph_pdl": {"inductor_options": {"triton.enable_pdl": True}},
     "ours_graph_no_pdl": {"inductor_options": {"triton.enable_pdl": False}},
     # the critic's weight gradients formed in the weights' own layout (contiguous_weight_grads):
