@@ -663,6 +663,26 @@ def test_graph_mode_launches_programmatically_at_small_batches_on_hopper_and_alw
     assert inductor_options("graph", cuda, rows=256)["triton.enable_pdl"] is False
 
 
+def test_the_engine_asks_for_its_options_with_the_first_batchs_rows(monkeypatch):
+    """PDL is decided by the rows per update: the engine must pass them both to the compile and to
+    the compile-cache key (the same options in both, or a cache file would hold other kernels)."""
+    from flashsac_opt import engine as engine_module
+
+    asked = []
+    real = engine_module.inductor_options
+
+    def recording(mode, device, extra=None, rows=None):
+        asked.append(rows)
+        return real(mode, device, extra, rows)
+
+    monkeypatch.setattr(engine_module, "inductor_options", recording)
+    learner = make("compile")
+    rows = learner.cfg.batch_size
+    learner.engine.compile_cache_key(rows)
+    learner.engine.update_functions(rows)  # builds the compiled callables (torch.compile compiles at the first call)
+    assert asked and set(asked) == {rows}
+
+
 # ------------------------------------------------------------------ GPU
 def _drift_against_eager(mode: str, amp: bool, updates_per_step: int, iterations: int = 50, **mode_overrides):
     """Relative drift of `mode` from eager, next to the drift of eager from itself.
