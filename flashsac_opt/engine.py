@@ -144,13 +144,15 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
     }
     options.update(extra or {})
     if options["triton.enable_pdl"]:
-        if "post_grad_custom_pre_pass" in (extra or {}):
+        own = (extra or {}).get("post_grad_custom_pre_pass")
+        if own is not None and pdl.key_placement(own) is None:
             raise ValueError(
                 "inductor_options: triton.enable_pdl with your own post_grad_custom_pre_pass is not supported "
                 "(flashsac_opt keys its wait-first PDL kernels by that pass, flashsac_opt/pdl.py); "
                 "set triton.enable_pdl to False or drop the pass"
             )
-        options.update(pdl.inductor_options())
+        # pdl.cache_key(trigger_first=True) in extra picks that placement (a study, pdl.py)
+        options.update(pdl.inductor_options(trigger_first=pdl.key_placement(own) == "trigger_first"))
     return options
 
 

@@ -23,9 +23,17 @@ predecessor as always, and a second wait is a no-op, so the order of every memor
 that of an ordinary stream. Triton's own pipelining issue (triton-lang/triton#11905: a load
 hoisted above a wait inside a pipelined loop) cannot arise: nothing precedes the wait.
 
+``trigger_first`` also moves the kernel's ``gdc_launch_dependents`` (Inductor places it after the
+last load, or after a reduction's loop; kernels without loads have none and trigger at exit)
+to just after the wait: the next kernel is launched as soon as every block of this one has
+started, so its own launch and block scheduling overlap this kernel's whole body rather than
+its tail. It changes no memory order (the next kernel still waits for this one's completion)
+and costs SM slots while the next kernel's blocks wait.
+
 The codegen hook acts only on compiles whose Inductor config carries ``cache_key()`` (a no-op
-post-grad pass whose uuid hashes this file), so Inductor's and AOTAutograd's caches never hand
-a compile with the hook a kernel generated without it, or the reverse.
+post-grad pass whose uuid hashes this file and names the placement), so Inductor's and
+AOTAutograd's caches never hand a compile with the hook a kernel generated without it, or with
+the other placement.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from typing import Any, Callable
 import torch
 
 GDC_WAIT = "tl.extra.cuda.gdc_wait()"
+GDC_LAUNCH = "tl.extra.cuda.gdc_launch_dependents()"
 _INSTALLED_ATTRIBUTE = "_flashsac_opt_pdl_wait_first"
 
 
@@ -48,9 +57,10 @@ def supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def wait_first(source: str) -> str:
+def wait_first(source: str, trigger_first: bool = False) -> str:
     """``source`` (one generated Triton kernel module) with ``gdc_wait`` as the kernel's first
-    statement. Idempotent. Raises ValueError when the module has not exactly one ``@triton.jit``
+    statement; with ``trigger_first`` also ``gdc_launch_dependents`` as its second, and no
+    other. Idempotent. Raises ValueError when the module has not exactly one ``@triton.jit``
     function, rather than emit a PDL kernel that might read early.
 
     Read line by line, not parsed: at codegen time the kernel is still named by Inductor's
@@ -69,17 +79,28 @@ def wait_first(source: str) -> str:
     indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())] if first < len(lines) else ""
     if not indent:
         raise ValueError(f"no indented body below the @triton.jit signature in the generated source:\n{source[:3000]}")
-    if lines[first].strip() == GDC_WAIT:
-        return source
-    return "".join(lines[:first] + [indent + GDC_WAIT + "\n"] + lines[first:])
+    head = [indent + GDC_WAIT + "\n"] + ([indent + GDC_LAUNCH + "\n"] if trigger_first else [])
+    body = lines[first:]
+    if [line.strip() for line in body[: len(head)]] == [line.strip() for line in head]:
+        body = body[len(head):]
+    elif body[0].strip() == GDC_WAIT:
+        body = body[1:]
+    if trigger_first:
+        # a second launch_dependents is harmless but would read as if the trigger came later
+        body = [line for line in body if line.strip() != GDC_LAUNCH]
+    return "".join(lines[:first] + head + body)
+
+
+def cache_key(trigger_first: bool = False) -> Any:
+    """The one ``CacheKey`` instance of a placement: a post-grad pass that changes nothing. Its
+    uuid (this file's hash and the placement) enters Inductor's and AOTAutograd's cache keys,
+    and its presence in a compile's config turns the hook on. Built on first use: importing
+    Inductor costs ~2 s, which a learner that never compiles should not pay."""
+    return _cache_key(bool(trigger_first))  # one instance per placement, however it is asked for
 
 
 @functools.cache
-def cache_key() -> Any:
-    """The one ``CacheKey`` instance: a post-grad pass that changes nothing. Its uuid (this
-    file's hash) enters Inductor's and AOTAutograd's cache keys, and its presence in a
-    compile's config turns the hook on. Built on first use: importing Inductor costs ~2 s,
-    which a learner that never compiles should not pay."""
+def _cache_key(trigger_first: bool) -> Any:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class CacheKey(CustomGraphPass):
@@ -87,7 +108,7 @@ def cache_key() -> Any:
             return None
 
         def uuid(self) -> str:
-            return _source_hash()
+            return _source_hash() + (TRIGGER_FIRST_SUFFIX if trigger_first else "")
 
         def __repr__(self) -> str:  # stable across processes: compile_cache's key JSON uses repr
             return f"flashsac_opt.pdl.CacheKey({self.uuid()})"
@@ -100,19 +121,40 @@ def _source_hash() -> str:
     return "flashsac_opt-pdl-wait-first-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
-def active() -> bool:
-    """Whether the compile in progress wants wait-first PDL kernels (read at codegen time)."""
+TRIGGER_FIRST_SUFFIX = "-trigger-first"
+
+
+def key_placement(value: Any) -> str | None:
+    """"wait_first" or "trigger_first" for one of this module's keys (by uuid, not identity: a
+    config patch or a deep copy may hold a copy of the pass), None for anything else."""
+    uuid = value.uuid() if callable(getattr(value, "uuid", None)) else None
+    if uuid == _source_hash():
+        return "wait_first"
+    if uuid == _source_hash() + TRIGGER_FIRST_SUFFIX:
+        return "trigger_first"
+    return None
+
+
+def placement() -> str | None:
+    """What the compile in progress wants (read at codegen time): None (no hook), "wait_first"
+    or "trigger_first"."""
     config = torch._inductor.config
-    marker = config.post_grad_custom_pre_pass
-    # by uuid, not identity: a config patch may hold a copy of the pass
-    return bool(config.triton.enable_pdl) and callable(getattr(marker, "uuid", None)) and marker.uuid() == _source_hash()
+    return key_placement(config.post_grad_custom_pre_pass) if config.triton.enable_pdl else None
+
+
+def active() -> bool:
+    """Whether the compile in progress wants PDL kernels that wait first (either placement)."""
+    return placement() is not None
+
+
 
 
 def _wrap(codegen_kernel: Callable[..., str]) -> Callable[..., str]:
     @functools.wraps(codegen_kernel)
     def codegen_kernel_waiting_first(self: Any, *args: Any, **kwargs: Any) -> str:
         source = codegen_kernel(self, *args, **kwargs)
-        return wait_first(source) if active() else source
+        where = placement()
+        return source if where is None else wait_first(source, trigger_first=where == "trigger_first")
 
     setattr(codegen_kernel_waiting_first, _INSTALLED_ATTRIBUTE, True)
     return codegen_kernel_waiting_first
@@ -130,7 +172,7 @@ def install() -> None:
             cls.codegen_kernel = _wrap(current)
 
 
-def inductor_options() -> dict[str, Any]:
+def inductor_options(trigger_first: bool = False) -> dict[str, Any]:
     """The Inductor options of wait-first PDL (and the hook installed for them)."""
     install()
-    return {"triton.enable_pdl": True, "post_grad_custom_pre_pass": cache_key()}
+    return {"triton.enable_pdl": True, "post_grad_custom_pre_pass": cache_key(trigger_first)}

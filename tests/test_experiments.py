@@ -69,8 +69,9 @@ def test_every_graph_study_changes_an_inductor_option_or_a_config_field_that_exi
 
     from flashsac_opt.config import FlashSACConfig
 
-    studies = load("bench/benchmark_learner.py").GRAPH_STUDIES
-    fields = {f.name for f in dataclasses.fields(FlashSACConfig)}
+    benchmark = load("bench/benchmark_learner.py")
+    studies = benchmark.GRAPH_STUDIES
+    fields = {f.name for f in dataclasses.fields(FlashSACConfig)} | set(benchmark.BUILDER_SWITCHES)
     known = set(inductor_config.get_config_copy())
     assert "ours_graph_pdl" in studies
     for name, change in studies.items():

@@ -93,6 +93,18 @@ def test_wait_first_puts_the_wait_before_every_memory_access_and_changes_nothing
     assert pdl.wait_first(rewritten) == rewritten  # idempotent
 
 
+@pytest.mark.parametrize("source", [POINTWISE, COMBO], ids=["pointwise", "combo"])
+def test_trigger_first_launches_the_dependents_right_after_the_wait_and_nowhere_else(source):
+    rewritten = pdl.wait_first(source, trigger_first=True)
+    body = _kernel_body(rewritten)
+    assert body[:2] == ["    " + pdl.GDC_WAIT, "    " + pdl.GDC_LAUNCH]
+    assert [line.strip() for line in body].count(pdl.GDC_LAUNCH) == 1  # Inductor's later trigger dropped
+    assert body[2:] == [line for line in _kernel_body(source) if line.strip() != pdl.GDC_LAUNCH]
+    assert pdl.wait_first(rewritten, trigger_first=True) == rewritten  # idempotent
+    # and from the wait-first form (a kernel rewritten once already) to the same result
+    assert pdl.wait_first(pdl.wait_first(source), trigger_first=True) == rewritten
+
+
 def test_wait_first_reads_inductors_placeholder_name_and_a_long_signature():
     # at codegen time torch 2.11 names the kernel by its placeholder, which is not Python
     source = POINTWISE.replace("def triton_poi_fused_add_relu_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):",
@@ -123,6 +135,8 @@ def test_the_hook_rewrites_only_compiles_that_carry_the_key():
     config = torch._inductor.config
     with config.patch({"triton.enable_pdl": True, "post_grad_custom_pre_pass": pdl.cache_key()}):
         assert _kernel_body(hooked(object()))[0].strip() == pdl.GDC_WAIT
+    with config.patch({"triton.enable_pdl": True, "post_grad_custom_pre_pass": pdl.cache_key(trigger_first=True)}):
+        assert [line.strip() for line in _kernel_body(hooked(object()))[:2]] == [pdl.GDC_WAIT, pdl.GDC_LAUNCH]
     with config.patch({"triton.enable_pdl": True}):  # PDL without the key: Inductor's code as it is
         assert hooked(object()) == POINTWISE
     with config.patch({"triton.enable_pdl": False, "post_grad_custom_pre_pass": pdl.cache_key()}):
@@ -144,9 +158,14 @@ def test_install_wraps_inductors_triton_and_combo_kernels_once():
 
 def test_the_key_names_this_implementation():
     key = pdl.cache_key()
-    assert key is pdl.cache_key()
+    assert key is pdl.cache_key() is pdl.cache_key(False) is pdl.cache_key(trigger_first=False)
     assert key.uuid() == pdl._source_hash() and key.uuid().startswith("flashsac_opt-pdl-wait-first-")
     assert repr(key) == f"flashsac_opt.pdl.CacheKey({key.uuid()})"  # no address: compile_cache's key is stable
+    trigger = pdl.cache_key(trigger_first=True)
+    assert trigger is pdl.cache_key(True) and trigger.uuid() != key.uuid() and repr(trigger) != repr(key)
+    import copy
+    assert [pdl.key_placement(k) for k in (key, trigger, copy.deepcopy(trigger))] == ["wait_first", "trigger_first", "trigger_first"]
+    assert pdl.key_placement(lambda graph: None) is None and pdl.key_placement(None) is None
     graph = torch.fx.symbolic_trace(lambda x: x + 1).graph
     before = str(graph)
     key(graph)
@@ -171,13 +190,17 @@ def test_the_key_separates_inductors_cache_entries():
         assert compile_once({"triton.enable_pdl": True}) == (0, 1)
         assert compile_once(pdl.inductor_options()) == (0, 1)  # not the entry without the key
         assert compile_once(pdl.inductor_options()) == (1, 0)
+        assert compile_once(pdl.inductor_options(trigger_first=True)) == (0, 1)  # nor the other placement's
+        assert compile_once(pdl.inductor_options(trigger_first=True)) == (1, 0)
     torch._dynamo.reset()
 
 
 @pytest.mark.gpu
-def test_every_generated_kernel_waits_first_on_hopper():
+@pytest.mark.parametrize("trigger_first", [False, True], ids=["wait_first", "trigger_first"])
+def test_every_generated_kernel_waits_first_on_hopper(trigger_first):
     """Graph mode's options on the GPU: every Triton kernel (combo kernels included) is launched
-    with PDL and waits before anything else; the values are eager's."""
+    with PDL and waits before anything else (trigger_first: and then launches its dependents);
+    the values are eager's."""
     from torch._inductor.utils import run_and_get_code
 
     from flashsac_opt.engine import inductor_options
@@ -194,12 +217,16 @@ def test_every_generated_kernel_waits_first_on_hopper():
 
     args = (torch.randn(256, 64, device=device), torch.randn(64, 64, device=device), torch.randn(64, device=device))
     torch._dynamo.reset()
-    compiled = torch.compile(fn, options=inductor_options("graph", device, rows=256), fullgraph=True)
+    extra = {"post_grad_custom_pre_pass": pdl.cache_key(trigger_first=True)} if trigger_first else None
+    compiled = torch.compile(fn, options=inductor_options("graph", device, extra, rows=256), fullgraph=True)
     result, codes = run_and_get_code(compiled, *args)
     kernels = re.findall(r"@triton\.jit\n(def triton_\w+\(.*?)(?=\n\S|\Z)", "\n".join(codes), flags=re.DOTALL)
     assert kernels, "no Triton kernel generated"
     for kernel in kernels:
-        assert _kernel_body(kernel)[0].strip() == pdl.GDC_WAIT, kernel[:200]
+        body = [line.strip() for line in _kernel_body(kernel)]
+        assert body[0] == pdl.GDC_WAIT, kernel[:200]
+        if trigger_first:
+            assert body[1] == pdl.GDC_LAUNCH and body.count(pdl.GDC_LAUNCH) == 1, kernel[:400]
     assert "'launch_pdl': True" in "\n".join(codes)
     for got, want in zip(result, fn(*args), strict=True):
         torch.testing.assert_close(got, want)
