@@ -136,8 +136,8 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
         "combo_kernels": cuda and mode == "graph",
         # Programmatic Dependent Launch (Hopper and newer): each generated Triton kernel's
         # blocks are scheduled while the kernel before it drains and wait on the device for
-        # it (pdl.py: every kernel waits before its first memory access; Inductor's own
-        # placement reads early). Graph mode only, where an iteration is one dependent chain of
+        # it (pdl.py: every kernel waits before its first memory access, then lets the next
+        # one launch; Inductor's own placement reads early). Graph mode only, where an iteration is one dependent chain of
         # hundreds of small kernels, and at most PDL_MAX_BATCH rows per update;
         # extra={"triton.enable_pdl": False} opts out, True opts in at any batch.
         "triton.enable_pdl": mode == "graph" and rows is not None and rows <= PDL_MAX_BATCH and pdl.supported(device),
@@ -151,8 +151,9 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
                 "(flashsac_opt keys its wait-first PDL kernels by that pass, flashsac_opt/pdl.py); "
                 "set triton.enable_pdl to False or drop the pass"
             )
-        # pdl.cache_key(trigger_first=True) in extra picks that placement (a study, pdl.py)
-        options.update(pdl.inductor_options(trigger_first=pdl.key_placement(own) == "trigger_first"))
+        # trigger-first unless extra names pdl.cache_key(trigger_first=False), the wait-only
+        # placement (a study, pdl.py)
+        options.update(pdl.inductor_options(trigger_first=pdl.key_placement(own) != "wait_first"))
     return options
 
 

@@ -78,6 +78,7 @@ def test_every_graph_study_changes_an_inductor_option_or_a_config_field_that_exi
         change = dict(change)
         options = change.pop("inductor_options", {})
         assert options or change, name
+        assert change.get("pdl_placement", "wait_first") in ("wait_first", "trigger_first"), name
         assert set(options) <= known, (name, set(options) - known)
         assert set(change) <= fields, (name, set(change) - fields)
 

@@ -656,8 +656,9 @@ def test_graph_mode_launches_programmatically_at_small_batches_on_hopper_and_alw
     assert inductor_options("graph", cuda, {"triton.enable_pdl": True}, rows=8192)["post_grad_custom_pre_pass"] is pdl.cache_key()
     with pytest.raises(ValueError, match="post_grad_custom_pre_pass"):
         inductor_options("graph", cuda, {"post_grad_custom_pre_pass": lambda graph: None}, rows=256)
-    # pdl's own keys pick the placement: the trigger-first study's, or the default's said explicitly
-    for key in (pdl.cache_key(trigger_first=True), pdl.cache_key()):
+    # pdl's own keys pick the placement: the wait-only study's, or the default (trigger-first) said explicitly
+    assert pdl.cache_key(trigger_first=False) is not pdl.cache_key()
+    for key in (pdl.cache_key(trigger_first=False), pdl.cache_key()):
         assert inductor_options("graph", cuda, {"post_grad_custom_pre_pass": key}, rows=256)["post_grad_custom_pre_pass"] is key
     # the user's own pass is fine once PDL is off
     mine = lambda graph: None  # noqa: E731

@@ -133,9 +133,10 @@ def test_the_hook_rewrites_only_compiles_that_carry_the_key():
 
     hooked = pdl._wrap(codegen_kernel)
     config = torch._inductor.config
-    with config.patch({"triton.enable_pdl": True, "post_grad_custom_pre_pass": pdl.cache_key()}):
-        assert _kernel_body(hooked(object()))[0].strip() == pdl.GDC_WAIT
-    with config.patch({"triton.enable_pdl": True, "post_grad_custom_pre_pass": pdl.cache_key(trigger_first=True)}):
+    with config.patch({"triton.enable_pdl": True, "post_grad_custom_pre_pass": pdl.cache_key(trigger_first=False)}):
+        assert _kernel_body(hooked(object())) == _kernel_body(pdl.wait_first(POINTWISE))  # the wait only
+    with config.patch({"triton.enable_pdl": True, "post_grad_custom_pre_pass": pdl.cache_key()}):  # the default
+        assert _kernel_body(hooked(object())) == _kernel_body(pdl.wait_first(POINTWISE, trigger_first=True))
         assert [line.strip() for line in _kernel_body(hooked(object()))[:2]] == [pdl.GDC_WAIT, pdl.GDC_LAUNCH]
     with config.patch({"triton.enable_pdl": True}):  # PDL without the key: Inductor's code as it is
         assert hooked(object()) == POINTWISE
@@ -157,12 +158,13 @@ def test_install_wraps_inductors_triton_and_combo_kernels_once():
 
 
 def test_the_key_names_this_implementation():
-    key = pdl.cache_key()
-    assert key is pdl.cache_key() is pdl.cache_key(False) is pdl.cache_key(trigger_first=False)
+    key = pdl.cache_key(trigger_first=False)
+    assert key is pdl.cache_key(False) is pdl.cache_key(trigger_first=0)  # one instance per placement
     assert key.uuid() == pdl._source_hash() and key.uuid().startswith("flashsac_opt-pdl-wait-first-")
     assert repr(key) == f"flashsac_opt.pdl.CacheKey({key.uuid()})"  # no address: compile_cache's key is stable
-    trigger = pdl.cache_key(trigger_first=True)
-    assert trigger is pdl.cache_key(True) and trigger.uuid() != key.uuid() and repr(trigger) != repr(key)
+    trigger = pdl.cache_key()  # the default placement
+    assert trigger is pdl.cache_key(True) is pdl.cache_key(trigger_first=True)
+    assert trigger.uuid() != key.uuid() and repr(trigger) != repr(key)
     import copy
     assert [pdl.key_placement(k) for k in (key, trigger, copy.deepcopy(trigger))] == ["wait_first", "trigger_first", "trigger_first"]
     assert pdl.key_placement(lambda graph: None) is None and pdl.key_placement(None) is None
@@ -188,19 +190,19 @@ def test_the_key_separates_inductors_cache_entries():
 
     with fresh_inductor_cache():
         assert compile_once({"triton.enable_pdl": True}) == (0, 1)
-        assert compile_once(pdl.inductor_options()) == (0, 1)  # not the entry without the key
+        assert compile_once(pdl.inductor_options(trigger_first=False)) == (0, 1)  # not the entry without the key
+        assert compile_once(pdl.inductor_options(trigger_first=False)) == (1, 0)
+        assert compile_once(pdl.inductor_options()) == (0, 1)  # nor the other placement's
         assert compile_once(pdl.inductor_options()) == (1, 0)
-        assert compile_once(pdl.inductor_options(trigger_first=True)) == (0, 1)  # nor the other placement's
-        assert compile_once(pdl.inductor_options(trigger_first=True)) == (1, 0)
     torch._dynamo.reset()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("trigger_first", [False, True], ids=["wait_first", "trigger_first"])
+@pytest.mark.parametrize("trigger_first", [False, True], ids=["wait_only", "trigger_first"])
 def test_every_generated_kernel_waits_first_on_hopper(trigger_first):
-    """Graph mode's options on the GPU: every Triton kernel (combo kernels included) is launched
-    with PDL and waits before anything else (trigger_first: and then launches its dependents);
-    the values are eager's."""
+    """Graph mode's options on the GPU (trigger_first: the default; else the wait-only
+    placement asked for): every Triton kernel (combo kernels included) is launched with PDL and
+    waits before anything else, trigger-first then launches its dependents; the values are eager's."""
     from torch._inductor.utils import run_and_get_code
 
     from flashsac_opt.engine import inductor_options
@@ -217,7 +219,7 @@ def test_every_generated_kernel_waits_first_on_hopper(trigger_first):
 
     args = (torch.randn(256, 64, device=device), torch.randn(64, 64, device=device), torch.randn(64, device=device))
     torch._dynamo.reset()
-    extra = {"post_grad_custom_pre_pass": pdl.cache_key(trigger_first=True)} if trigger_first else None
+    extra = None if trigger_first else {"post_grad_custom_pre_pass": pdl.cache_key(trigger_first=False)}
     compiled = torch.compile(fn, options=inductor_options("graph", device, extra, rows=256), fullgraph=True)
     result, codes = run_and_get_code(compiled, *args)
     kernels = re.findall(r"@triton\.jit\n(def triton_\w+\(.*?)(?=\n\S|\Z)", "\n".join(codes), flags=re.DOTALL)
@@ -227,6 +229,8 @@ def test_every_generated_kernel_waits_first_on_hopper(trigger_first):
         assert body[0] == pdl.GDC_WAIT, kernel[:200]
         if trigger_first:
             assert body[1] == pdl.GDC_LAUNCH and body.count(pdl.GDC_LAUNCH) == 1, kernel[:400]
+        else:
+            assert body[1] != pdl.GDC_LAUNCH, kernel[:400]
     assert "'launch_pdl': True" in "\n".join(codes)
     for got, want in zip(result, fn(*args), strict=True):
         torch.testing.assert_close(got, want)

@@ -18,8 +18,8 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
     the critics' input BN statistics in chunks of 128 rows (input_bn_chunk_rows), the online and target
     critics as one ensemble forward (stack_target_critic), GEMMs autotuned among Triton templates
     with prologue/epilogue fusion, the critic's target branch on a second stream (critic_target_stream),
-    Programmatic Dependent Launch of the generated kernels (triton.enable_pdl), and with each
-    kernel triggering its dependents right after its wait (pdl_trigger_first), the critic's weight
+    Programmatic Dependent Launch of the generated kernels (triton.enable_pdl), with each kernel
+    triggering its dependents right after its wait or after its loads (pdl_placement), the critic's weight
     gradients in the weights' own layout (contiguous_weight_grads), the critic's input BN statistics
     reduced once for all members (shared_input_bn_statistics)
 
@@ -77,7 +77,7 @@ WORKLOADS = {
 # The critic network options the compiled modes turn on by default (config.COMPILED_MODE_NETWORK_OPTIONS), all off.
 PLAIN_NETWORK = {name: False for name in COMPILED_MODE_NETWORK_OPTIONS}
 # Study keys the variant builder reads itself (neither Inductor options nor config fields).
-BUILDER_SWITCHES = ("pdl_trigger_first",)
+BUILDER_SWITCHES = ("pdl_placement",)
 GRAPH_STUDIES = {
     # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
     "ours_graph_tuned": {"inductor_options": {"coordinate_descent_tuning": True}},
@@ -132,8 +132,12 @@ GRAPH_STUDIES = {
     # PDL with each kernel's gdc_launch_dependents right after its wait (pdl.py, trigger_first)
     # instead of after its last load, or at its exit where it has none: the next kernel's launch
     # and block scheduling overlap this kernel's whole body (for W2's 1336 kernels of ~2.8 us).
-    # Graph mode's PDL cells only, hence forced on at every batch like ours_graph_pdl.
-    "ours_graph_pdl_trigger_first": {"inductor_options": {"triton.enable_pdl": True}, "pdl_trigger_first": True},
+    # Forced on at every batch like ours_graph_pdl. Session 28, beside UniLab
+    # (side_by_side_pdl_trigger_first_2026-12-03, ours_graph then the wait-only placement):
+    # 0.972x / 0.982x at W1 / W2, so graph mode's PDL default since; ours_graph_pdl_wait_only is
+    # the session-27 placement, and ours_graph_pdl_trigger_first is ours_graph at W1 / W2 now.
+    "ours_graph_pdl_trigger_first": {"inductor_options": {"triton.enable_pdl": True}, "pdl_placement": "trigger_first"},
+    "ours_graph_pdl_wait_only": {"inductor_options": {"triton.enable_pdl": True}, "pdl_placement": "wait_first"},
     # the critic's weight gradients formed in the weights' own layout (contiguous_weight_grads):
     # einsum's come out transposed and the flat gradient's assembly gathers them with strided
     # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration).
@@ -247,10 +251,10 @@ def build(variant: str, w: dict, device: str, pool: "Pool | None" = None):
         elif variant in GRAPH_STUDIES:
             change = dict(GRAPH_STUDIES[variant])
             options = {**(cfg.inductor_options or {}), **change.pop("inductor_options", {})}
-            if change.pop("pdl_trigger_first", False):
+            if (placement := change.pop("pdl_placement", None)) is not None:
                 from flashsac_opt import pdl
 
-                options["post_grad_custom_pre_pass"] = pdl.cache_key(trigger_first=True)
+                options["post_grad_custom_pre_pass"] = pdl.cache_key(trigger_first=placement == "trigger_first")
             cfg = cfg.replace(learner_mode="graph", inductor_options=options or None, **change)
         else:
             cfg = cfg.replace(learner_mode=variant[5:])
