@@ -196,24 +196,34 @@ def launch_two_cpu_ranks(site: Path, tmp_path: Path, iterations: int) -> tuple[l
     return command, env, logs
 
 
-def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path, monkeypatch):
-    """`train --algo flashsac --task g1_walk_flat --sim mujoco` with two ranks on a CPU-only torch:
-    UniLab's train infers them from CUDA_VISIBLE_DEVICES' two entries (rank slots here, patch 0003),
-    rank 0 spawns rank 1, each runs its own MuJoCo collector (seed + rank) and flashsac_opt's learner
-    in UniLab's gloo group. Only rank 0 writes checkpoints; at shutdown each rank prints the digest of
+def test_unilabs_launcher_resumes_a_one_rank_checkpoint_on_two_cpu_ranks_that_end_with_rank_0s_checkpoint(site, tmp_path, monkeypatch):
+    """`train --algo flashsac --task g1_walk_flat --sim mujoco` on a CPU-only torch, first with one
+    rank, then resumed from its checkpoint (`algo.resume=true`) with two: UniLab's train infers them
+    from CUDA_VISIBLE_DEVICES' two entries (rank slots here, patch 0003), rank 0 spawns rank 1, each
+    runs its own MuJoCo collector (seed + rank) and flashsac_opt's learner in UniLab's gloo group.
+    Both ranks load the one-rank checkpoint (checkpoints hold no rank-specific state) and go on from
+    its iteration count. Only rank 0 writes checkpoints; at shutdown each rank prints the digest of
     its whole learner state and of the networks its checkpoint would hold: all must agree, and with
-    the networks of rank 0's last checkpoint file."""
+    the networks of rank 0's last checkpoint file, which stock UniLab's `eval` plays.
+    (One test for the launcher and the resume: each 2-rank run costs ~50 s of CI's 2 cores.)"""
     import torch
 
     from flashsac_opt.data_parallel import state_digest
     from flashsac_opt.unilab.adapter import CHECKPOINT_NETWORKS
 
-    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=6)
+    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=3)
+    single = subprocess.run(command, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert single.returncode == 0 and "Training complete" in single.stdout + single.stderr, (single.stdout + single.stderr)[-4000:]
+    (first,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_3.pt"))
+    before = torch.load(first, weights_only=True)["flashsac_opt"]["iterations"]
+    assert before > 0  # flashsac_opt's learner did the updates
+    resumed = [a.replace("algo.max_iterations=3", "algo.max_iterations=6") for a in command]
+    resumed += ["algo.resume=true", f"algo.load_run={Path(first).parent.name}"]  # its last checkpoint
     events = tmp_path / "startup_events.jsonl"  # where the training benchmark reads the ranks' end states
-    env = dict(env, FLASHSAC_OPT_STARTUP_EVENTS=str(events))
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    proc = subprocess.run(resumed, env=dict(env, FLASHSAC_OPT_STARTUP_EVENTS=str(events)), capture_output=True, text=True, timeout=900, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Training complete" in out and "Traceback" not in out, out[-4000:]
+    assert out.count(f"Resumed learner state from {first}") == 2  # UniLab's line, once per rank
     lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", out))
     assert set(lines) == {"0", "1"}, out[-4000:]  # rank 1 ran too, in UniLab's group
     assert lines["0"] == lines["1"]  # bit-identical ranks at the end
@@ -224,9 +234,9 @@ def test_unilabs_launcher_trains_two_cpu_ranks_that_end_with_rank_0s_checkpoint(
     ends = load("benchmark_flashsac_training.py").data_parallel_end(events)
     assert ends["world_size"] == 2 and ends["ranks_equal"] and [r["rank"] for r in ends["ranks"]] == [0, 1]
     assert lines["0"] == f"state digest {ends['ranks'][0]['state_digest']} checkpoint networks digest {ends['ranks'][0]['networks_digest']}"
-    (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_6.pt"))
+    (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*gpux2" / "model_6.pt"))
     state = torch.load(checkpoint, weights_only=True)
-    assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
+    assert state["flashsac_opt"]["iterations"] == before + 3  # iterations 4-6
     networks = state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})
     assert lines["0"].endswith(f"checkpoint networks digest {networks}")  # rank 1's networks = rank 0's file
     # stock (unpatched) UniLab's `eval` plays the data-parallel run's checkpoint
@@ -324,25 +334,3 @@ def test_torchrun_starts_the_ranks_as_on_two_machines_and_they_meet_over_tcp(sit
     (checkpoint,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_6.pt"))
     state = torch.load(checkpoint, weights_only=True)
     assert lines["0"].endswith(f"checkpoint networks digest {state_digest({k: state[k] for k in CHECKPOINT_NETWORKS})}")
-
-
-def test_a_checkpoint_resumes_on_another_world_size(site, tmp_path):
-    """A one-rank run's checkpoint resumed by two ranks (`algo.resume=true`): both load it, stay
-    bit-identical, and go on from its iteration count (checkpoints hold no rank-specific state)."""
-    import torch
-
-    command, env, logs = launch_two_cpu_ranks(site, tmp_path, iterations=3)
-    single = subprocess.run(command, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert single.returncode == 0 and "Training complete" in single.stdout + single.stderr, (single.stdout + single.stderr)[-4000:]
-    (first,) = glob.glob(str(logs / "G1WalkFlat" / "*" / "model_3.pt"))
-    before = torch.load(first, weights_only=True)["flashsac_opt"]["iterations"]
-    resumed = [a.replace("algo.max_iterations=3", "algo.max_iterations=6") for a in command]
-    resumed += ["algo.resume=true", f"algo.load_run={Path(first).parent.name}"]  # its last checkpoint
-    proc = subprocess.run(resumed, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "Training complete" in out and "Traceback" not in out, out[-4000:]
-    lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", out))
-    assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], out[-4000:]
-    (second,) = glob.glob(str(logs / "G1WalkFlat" / "*gpux2" / "model_6.pt"))
-    assert out.count(f"Resumed learner state from {first}") == 2  # UniLab's line, once per rank
-    assert torch.load(second, weights_only=True)["flashsac_opt"]["iterations"] == before + 3  # iterations 4-6
