@@ -137,9 +137,10 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
         # Programmatic Dependent Launch (Hopper and newer): each generated Triton kernel's
         # blocks are scheduled while the kernel before it drains and wait on the device for
         # it (pdl.py: every kernel waits before its first memory access, then lets the next
-        # one launch; Inductor's own placement reads early). Graph mode only, where an iteration is one dependent chain of
-        # hundreds of small kernels, and at most PDL_MAX_BATCH rows per update;
-        # extra={"triton.enable_pdl": False} opts out, True opts in at any batch.
+        # one launch; Inductor's own placement reads early). Graph mode only, where an
+        # iteration is one dependent chain of hundreds of small kernels, and at most
+        # PDL_MAX_BATCH rows per update; extra={"triton.enable_pdl": False} opts out, True
+        # opts in at any batch.
         "triton.enable_pdl": mode == "graph" and rows is not None and rows <= PDL_MAX_BATCH and pdl.supported(device),
     }
     options.update(extra or {})

@@ -144,13 +144,6 @@ def placement() -> str | None:
     return key_placement(config.post_grad_custom_pre_pass) if config.triton.enable_pdl else None
 
 
-def active() -> bool:
-    """Whether the compile in progress wants PDL kernels that wait first (either placement)."""
-    return placement() is not None
-
-
-
-
 def _wrap(codegen_kernel: Callable[..., str]) -> Callable[..., str]:
     @functools.wraps(codegen_kernel)
     def codegen_kernel_waiting_first(self: Any, *args: Any, **kwargs: Any) -> str:
