@@ -146,7 +146,8 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
     options.update(extra or {})
     if options["triton.enable_pdl"]:
         own = (extra or {}).get("post_grad_custom_pre_pass")
-        if own is not None and pdl.key_placement(own) is None:
+        placement = pdl.key_placement(own)
+        if own is not None and placement is None:
             raise ValueError(
                 "inductor_options: triton.enable_pdl with your own post_grad_custom_pre_pass is not supported "
                 "(flashsac_opt keys its wait-first PDL kernels by that pass, flashsac_opt/pdl.py); "
@@ -154,7 +155,7 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
             )
         # trigger-first unless extra names pdl.cache_key(trigger_first=False), the wait-only
         # placement (a study, pdl.py)
-        options.update(pdl.inductor_options(trigger_first=pdl.key_placement(own) != "wait_first"))
+        options.update(pdl.inductor_options(trigger_first=placement != "wait_first"))
     return options
 
 

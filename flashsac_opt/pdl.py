@@ -83,9 +83,7 @@ def wait_first(source: str, trigger_first: bool = False) -> str:
         raise ValueError(f"no indented body below the @triton.jit signature in the generated source:\n{source[:3000]}")
     head = [indent + GDC_WAIT + "\n"] + ([indent + GDC_LAUNCH + "\n"] if trigger_first else [])
     body = lines[first:]
-    if [line.strip() for line in body[: len(head)]] == [line.strip() for line in head]:
-        body = body[len(head):]
-    elif body[0].strip() == GDC_WAIT:
+    if body[0].strip() == GDC_WAIT:  # rewritten before (a trigger after it goes with the others below)
         body = body[1:]
     if trigger_first:
         # a second launch_dependents is harmless but would read as if the trigger came later
