@@ -410,41 +410,6 @@ def test_benchmark_multigpu_unilab_gradient_sync_reaches_the_same_state_as_the_o
         assert own["collective_bytes_per_rank"] < fp32["collective_bytes_per_rank"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the gloo rehearsal is what CPU machines run")
-def test_data_parallel_diagnosis_gloo_rehearsal_finds_no_difference(tmp_path):
-    """diagnose_nccl_graph.py without CUDA: 2 gloo ranks, eager and the per-step trace (aot_eager):
-    every step's inputs and parameters agree across ranks, and the JSON records what it ran."""
-    out = tmp_path / "diag.json"
-    done = run("archive/diagnose_nccl_graph.py", "--iterations", "2", "--modes", "eager", "trace", "--output", str(out))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    report = json.loads(out.read_text())
-    assert report["eager"]["differing_tensors_per_iteration"] == [{}, {}]
-    trace = report["compile_apply_trace"]
-    # 2 iterations x (4 critic + 2 actor steps) at 4 updates per step, policy frequency 2
-    assert [e["step"] for e in trace].count("critic_apply") == 8 and [e["step"] for e in trace].count("actor_apply") == 4
-    assert all(e["inputs"] == e["param_before"] == e["param_after"] == 0.0 for e in trace)
-    assert report["options"] == {"no_amp": False, "inductor_options": None, "cache_per_rank": False}
-
-
-def test_rerecord_diagnosis_drives_the_runner_actions_and_reports_each_variant(tmp_path):
-    """diagnose_compile_rerecord.py on CPU (eager: no cudagraph trees to count): each variant
-    runs in its own process through the UniLab adapter, with the runner's actions, and the
-    JSON says per variant what ran, how far and how fast."""
-    out = tmp_path / "rerecord.json"
-    done = run("archive/diagnose_compile_rerecord.py", "--mode", "eager", "--variants", "bare", "runner", "--iterations", "4",
-               "--updates-per-step", "2", "--batch-size", "16", "--num-envs", "8", "--save-interval", "2", "--output", str(out))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    report = json.loads(out.read_text())
-    assert list(report["variants"]) == ["bare", "runner"]
-    assert report["variants"]["runner"]["actions"] == ["prepare", "reward_stats", "explore", "checkpoint"]
-    for result in report["variants"].values():
-        assert result["error"] is None and result["iterations_done"] == 4 and result["ms_median"] > 0
-        assert result["graphs_compiled_after_warmup"] == 0 and result["rerecords_after_warmup"] is None
-    assert report["environment"]["device"] == "cpu" and report["workload"]["batch_size"] == 16
-    bad = run("archive/diagnose_compile_rerecord.py", "--iterations", "2", "--output", str(out))
-    assert bad.returncode == 2 and "warm-up" in bad.stderr
-
-
 def test_multigpu_collective_cost_is_measured_against_the_same_code_path():
     """Efficiency against the best single GPU; the collective's cost against one GPU on the
     data-parallel (unfused) path, so fusing is not booked as communication."""
