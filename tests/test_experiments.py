@@ -706,3 +706,24 @@ def test_benchmark_records_why_aotautograd_bypassed_its_cache(tmp_path, monkeypa
     torch._dynamo.reset()
     torch.compile(loss, fullgraph=True)(x, w).backward()
     assert bypass.reasons == seen and bypass not in logger.handlers and logger.level == level
+
+
+def test_the_experiments_import_no_circle_and_the_check_finds_one(tmp_path):
+    """experiments/import_cycles.py over experiments/ (its own root, as the scripts put it on
+    their path, flashsac_opt beside it): no circle. The same check on two modules that import each
+    other (one of them inside a function, as benchmark_learner and roofline once did) and a
+    package whose __init__ re-exports its module finds exactly that pair."""
+    cycles = load("import_cycles.py")
+    graph = cycles.import_graph([REPO / "experiments", REPO])
+    assert REPO / "experiments" / "bench" / "workloads.py" in graph[REPO / "experiments" / "bench" / "roofline.py"]
+    assert cycles.cycles(graph) == []
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import g\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from .mod import h\n")
+    (tmp_path / "pkg" / "mod.py").write_text("from pkg.other import x\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    (tmp_path / "pkg" / "other.py").write_text("x = 1\n")
+    graph = cycles.import_graph([tmp_path])
+    assert graph[tmp_path / "pkg" / "mod.py"] == {tmp_path / "pkg" / "other.py"}  # not a: TYPE_CHECKING only
+    assert cycles.cycles(graph) == [[tmp_path / "a.py", tmp_path / "b.py"]]
+    assert run("import_cycles.py", str(tmp_path)).returncode == 1

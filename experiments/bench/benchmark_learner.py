@@ -64,15 +64,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only_or_require_cuda, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
+from bench.workloads import WORKLOADS  # noqa: E402
 from bench.roofline import counted_kernels, inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks, unique_kernel_names  # noqa: E402
 from flashsac_opt.config import COMPILED_MODE_NETWORK_OPTIONS  # noqa: E402
 
-WORKLOADS = {
-    "W1": dict(batch_size=256, updates_per_step=2, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
-    "W2": dict(batch_size=256, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
-    "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
-    "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
-}
 # Graph mode with one setting changed: what each buys and costs in start-up.
 # The critic network options the compiled modes turn on by default (config.COMPILED_MODE_NETWORK_OPTIONS), all off.
 PLAIN_NETWORK = {name: False for name in COMPILED_MODE_NETWORK_OPTIONS}

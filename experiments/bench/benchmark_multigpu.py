@@ -45,12 +45,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
 from common import add_output_arguments, percentile, plot_only, run_environment, write_report  # noqa: E402
 from report import plotting  # noqa: E402
+from bench.workloads import U64, WORKLOADS as LEARNER_WORKLOADS  # noqa: E402
 
 WORKLOADS = {
-    "W3": dict(batch_size=2048, updates_per_step=8, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
-    # the 256-env G1 trainings at 64 updates per iteration (time to reward, issue 19's U64 runs)
-    "U64": dict(batch_size=256, updates_per_step=64, policy_frequency=2, obs_dim=98, critic_obs_dim=101, action_dim=29),
-    "W4": dict(batch_size=8192, updates_per_step=4, policy_frequency=2, obs_dim=160, critic_obs_dim=289, action_dim=29),
+    "W3": LEARNER_WORKLOADS["W3"], "U64": U64, "W4": LEARNER_WORKLOADS["W4"],
     # tiny, for the CPU smoke run in CI
     "T": dict(batch_size=16, updates_per_step=4, policy_frequency=2, obs_dim=12, critic_obs_dim=15, action_dim=4,
               actor_hidden_dim=16, critic_hidden_dim=32, num_atoms=21),

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     from collections import Counter
 
     from common import percentile, run_environment, write_report
-    from bench.benchmark_learner import WORKLOADS
+    from bench.workloads import WORKLOADS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))

@@ -413,7 +413,7 @@ def plot(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from common import write_report
-    from bench.benchmark_learner import WORKLOADS
+    from bench.workloads import WORKLOADS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, required=True, help="a benchmark_learner JSON (measured on the GPU)")

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
 from common import run_environment, write_report  # noqa: E402
-from bench.benchmark_learner import WORKLOADS  # noqa: E402
+from bench.workloads import WORKLOADS  # noqa: E402
 
 # The settings compared: engine options over the default (torch's min-cut partition, as Inductor
 # runs it). activation_memory_budget below ~0.5 starts recomputing GEMMs (W3, 0.2: 16 backward
