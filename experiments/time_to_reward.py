@@ -12,17 +12,16 @@ MIN_SEEDS seeds: a group with fewer says so.
     python experiments/time_to_reward.py summarize results/trainings/ \\
         --output results/time_to_reward/time_to_reward.json --plot results/time_to_reward/time_to_reward.png
 
-The run matrix (stock vs patched, seeds 1-3, updates per step 8/32/64/128 at 256 envs and
-batch 256, plus UniLab's G1 default 4096 envs / batch 2048 x 8 updates; 1500 iterations at most)
-is a set of entries of experiments/device/runs.toml, one training per job, each job on one GPU
-and its own physical cores. `plan` prints the device calls in the order to spend device time
-(64 updates per step first); `plan --toml` prints the entries runs.toml holds.
+The trainings come from experiments/device/trainings.py (on the GPU: experiments/device/runs.toml's
+time-to-reward runs, e.g. ttr_u64_1gpu_patched_mps). The matrix of 2026-12-01/02 (stock vs
+patched, seeds 1-3, 8/32/64/128 updates per step at 256 envs and batch 256, UniLab's G1 default
+at 4096 envs / batch 2048 x 8; results/time_to_reward/) was planned by this script's `plan`
+command, in git up to commit 2f362b4.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -32,7 +31,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
 from common import REWARD_WINDOW, moving_mean, percentile, read_json, training_reports, write_report  # noqa: E402
-from device.trainings import run_tag  # noqa: E402
 from report import plotting  # noqa: E402
 from report.plot_time_reward import TAG, band  # noqa: E402
 from report.summarize_startup import phases as startup_phases  # noqa: E402
@@ -42,27 +40,11 @@ WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
 SPLIT_KEYS = ("inference_ms", "inference_forward_ms", "collector_update_state_ms", "collector_reset_done_ms", "collector_cycle_ms")
-# the learner's other phases and the collector's side, recorded since 2026-12-01 (session 14):
-# in split_ms only where a run has them
+# the learner's other phases and the collector's side, recorded since 2026-12-01 (commit
+# be16bef): in split_ms only where a run has them
 SPLIT_KEYS_IF_LOGGED = ("collector_wait_ms", "collector_release_ms", "replay_batch_wait_ms", "replay_sample_ms",
                         "inference_h2d_ms", "inference_d2h_ms", "collector_action_wait_ms", "collector_env_step_ms")
 GROUP_KEY = ("learner", "mode", "updates_per_step", "batch_size", "num_envs", "replay_buffer_n", "carrier", "gpu_sharing")
-
-# Replay (replay_buffer_n, learning_starts): FlashSAC's defaults (UniLab's conf/flashsac/config.yaml)
-# at 256 envs, where every U64 seed reached reward 30 in ~950 iterations (seed 001's 32 and 8 reached
-# no 20 in 1405); UniLab's G1 default is the G1 task's own configuration, its replay included.
-FLASHSAC_REPLAY, G1_TASK_REPLAY = (512, 98), (256, 49)
-# The matrix: (name, updates per step, batch, envs, replay), in the order device time goes to them.
-CONFIGS = (("u64", 64, 256, 256, FLASHSAC_REPLAY), ("u8", 8, 256, 256, FLASHSAC_REPLAY), ("u32", 32, 256, 256, FLASHSAC_REPLAY),
-           ("u128", 128, 256, 256, FLASHSAC_REPLAY), ("g1_default", 8, 2048, 4096, G1_TASK_REPLAY))
-LEARNERS = (("unilab", "graph"), ("flashsac_opt", "graph"))  # stock UniLab's default learner vs the patched one
-SEEDS = (1, 2, 3)
-ITERATIONS = 1500
-ENTRY_LIMIT_S = 555  # one training: cold start-up (<= ~250 s) + 1500 iterations (<= ~240 s at U128)
-JOBS_LIMIT_S = 570
-TOML_BEGIN = "# time_to_reward.py plan --toml: begin (generated; edit the matrix there, then paste it again)"
-TOML_END = "# time_to_reward.py plan --toml: end"
-
 
 # ---- summarize -------------------------------------------------------------------------------
 
@@ -327,127 +309,6 @@ def summarize_main(args, parser) -> int:
     return 0
 
 
-# ---- plan: the device runs -------------------------------------------------------------------
-
-def training_file(cfg: tuple, learner: str, mode: str, seed: int) -> str:
-    """The JSON name experiments/device/trainings.py gives the run."""
-    _, u, batch, envs, (replay_n, _) = cfg
-    return f"training_{run_tag(u, batch, envs, replay_n)}_{learner}_{mode}_s{seed}.json"
-
-
-def entry_name(cfg: tuple, learner: str, seed: int) -> str:
-    return f"ttr_{cfg[0]}_{learner}_s{seed}"
-
-
-def job_groups(cfg: tuple) -> list[tuple[str, str, list[str]]]:
-    """(run name, device kind, jobs): stock and patched of seeds 1 and 2 on a 4-GPU host, seed 3
-    on a 2-GPU host; every job one GPU and an equal share of the host's whole physical cores
-    (run.py's physical_core_groups), which each training's JSON records in its run_note."""
-    pair = lambda s: [entry_name(cfg, learner, s) for learner, _ in LEARNERS]  # noqa: E731
-    return [(f"ttr_{cfg[0]}_s1_s2_x4", "nvidia-h200-x4", pair(1) + pair(2)),
-            (f"ttr_{cfg[0]}_s3_x2", "nvidia-h200-x2", pair(3))]
-
-
-# The one-GPU kind: one training per entry, so that a call listing a configuration's three seeds
-# gives each what the one before left, and seed 1 compiles into a named cache (emptied first) that
-# seeds 2 and 3 start from on the same warm machine (run.py's `cache`). Where the three-seed calls
-# could not finish them: UniLab's G1 default (never timed at 4096 envs here) and stock's U32 and
-# U128 seeds (its cold compile takes 187-238 s of a share; U64 has ttr_u64_1gpu_stock_s{1,2,3}).
-ONE_GPU_SEEDED = (("g1_default", ("flashsac_opt", "unilab")), ("u32", ("unilab",)), ("u128", ("unilab",)))
-WARM_STARTUP_S = {"unilab": "85,85", "flashsac_opt": "45,45"}  # trainings.py --startup-s for a seed on a warm cache
-# run.py's min_limit per entry, (seed 1 on an emptied cache, seeds 2-3 warm): a share too short for
-# the seed to finish is skipped for the next call instead of cutting the seed. G1 default: the runs
-# of 2026-12-02 (patched 286.3 / 214.3 s, stock 435.0 / 235.3 s, the cold ones with both UniLab
-# copies to make); stock U32 / U128, never finished: its first update (cold ~233 s, warm ~80 s)
-# plus 1500 iterations of 58 / 151 ms.
-ONE_GPU_MIN_LIMIT_S = {("g1_default", "flashsac_opt"): (290, 220), ("g1_default", "unilab"): (440, 240),
-                       ("u32", "unilab"): (330, 170), ("u128", "unilab"): (470, 310)}
-ONE_GPU_LIMIT_S = 580
-
-
-def side(learner: str) -> str:
-    return "patched" if learner == "flashsac_opt" else "stock"
-
-
-def one_gpu_entry_name(cfg: tuple, learner: str, seed: int) -> str:
-    return f"ttr_{cfg[0]}_1gpu_{side(learner)}_s{seed}"
-
-
-def one_gpu_entries() -> list[str]:
-    q = json.dumps
-    configs = {cfg[0]: cfg for cfg in CONFIGS}
-    lines = ["", "# One GPU, one training per entry on a named cache (ONE_GPU_SEEDED): list a configuration's",
-             "# three seeds in one call and the ones it skipped (min_limit: too little left) in the next, e.g.",
-             f"#   python3 experiments/device/run.py {' '.join(one_gpu_entry_name(configs['g1_default'], 'flashsac_opt', s) for s in SEEDS)}"]
-    for name, learners in ONE_GPU_SEEDED:
-        cfg = configs[name]
-        _, u, batch, envs, (replay_n, learning_starts) = cfg
-        for learner in learners:
-            cache = f"{name}_{side(learner)}"
-            who = "patched" if learner == "flashsac_opt" else "stock UniLab"
-            # stock's compile on the host's CPUs, as in its three-seed calls
-            extra = ["--override=training.torch_threads.compile_threads=16"] if learner == "unilab" else []
-            for seed in SEEDS:
-                cold = seed == SEEDS[0]
-                args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS),
-                        "--replay-buffer-n", str(replay_n), "--learning-starts", str(learning_starts), "--stop-at-reward", "30",
-                        "--no-eval", "--time-limit", "{limit}", "--out", "{out}", "--work", "{work}", *extra,
-                        *([] if cold else ["--startup-s", WARM_STARTUP_S[learner]]), f"{learner}:graph:{seed}"]
-                where = f"on an emptied named cache ({cache})" if cold else "on the named cache seed 1 filled (warm on the same machine)"
-                lines += ["", f"[runs.{one_gpu_entry_name(cfg, learner, seed)}]",
-                          f"help = {q(f'time to reward 30, U{u} B{batch} E{envs}, one GPU: {who} graph seed {seed} alone, {where}, {ITERATIONS} iterations at most')}",
-                          'script = "experiments/device/trainings.py"',
-                          f"args = [{', '.join(q(a) for a in args)}]",
-                          f"limit = {ONE_GPU_LIMIT_S}", f"min_limit = {ONE_GPU_MIN_LIMIT_S[name, learner][0 if cold else 1]}",
-                          'wheels = "training"', f"cache = {q(cache)}", *(["cold_cache = true"] if cold else []),
-                          'env = { TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS = "ATEN", WANDB_MODE = "disabled", HYDRA_FULL_ERROR = "1" }',
-                          f"outputs = [{q(training_file(cfg, learner, 'graph', seed))}]", "pack = true"]
-    return lines
-
-
-def toml_entries() -> str:
-    q = json.dumps
-    lines = [TOML_BEGIN,
-             "# Time to reward (experiments/time_to_reward.py): one training per job, cold Inductor cache,",
-             f"# {ITERATIONS} iterations at most, no stock eval; the jobs runs put them side by side, one GPU each.",
-             "# No log file comes back (a call returns at most 8 files: four JSON and runs.json fill an x4 call);",
-             "# trainings.py prints each training's last lines, and a failed one's traceback, to the console."]
-    for cfg in CONFIGS:
-        name, u, batch, envs, (replay_n, learning_starts) = cfg
-        for seed in SEEDS:
-            for learner, mode in LEARNERS:
-                who = "stock UniLab" if learner == "unilab" else "flashsac_opt"
-                args = ["--updates", str(u), "--batch", str(batch), "--envs", str(envs), "--iterations", str(ITERATIONS),
-                        "--replay-buffer-n", str(replay_n), "--learning-starts", str(learning_starts), "--no-eval",
-                        "--time-limit", "{limit}", "--out", "{out}", "--work", "{work}", f"{learner}:{mode}:{seed}"]
-                lines += ["", f"[runs.{entry_name(cfg, learner, seed)}]",
-                          f"help = {q(f'time to reward: {who} {mode}, {u} updates per step, batch {batch}, {envs} envs, seed {seed}, {ITERATIONS} iterations')}",
-                          'script = "experiments/device/trainings.py"',
-                          f"args = [{', '.join(q(a) for a in args)}]",
-                          f"limit = {ENTRY_LIMIT_S}", 'wheels = "training"', "cold_cache = true",
-                          'env = { TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS = "ATEN", WANDB_MODE = "disabled", HYDRA_FULL_ERROR = "1" }',
-                          f"outputs = [{q(training_file(cfg, learner, mode, seed))}]", "log = false"]
-        for run, kind, jobs in job_groups(cfg):
-            lines += ["", f"[runs.{run}]", f"help = {q(f'time to reward, {name}: {len(jobs)} trainings side by side on {kind}')}",
-                      f"jobs = [{', '.join(q(j) for j in jobs)}]", f"limit = {JOBS_LIMIT_S}"]
-    return "\n".join(lines + one_gpu_entries() + [TOML_END]) + "\n"
-
-
-def plan_main(args) -> int:
-    if args.toml:
-        print(toml_entries(), end="")
-        return 0
-    print(f"Time-to-reward matrix: {len(CONFIGS)} configurations x {len(LEARNERS)} learners x {len(SEEDS)} seeds, "
-          f"{ITERATIONS} iterations at most; device calls in order (one command each, at most {JOBS_LIMIT_S} s):")
-    for cfg in CONFIGS:
-        _, u, batch, envs, _ = cfg
-        for run, kind, jobs in job_groups(cfg):
-            print(f"  [{kind}] python3 experiments/device/run.py {run}    # U{u} B{batch} E{envs}: {', '.join(jobs)}")
-    print("Check one first: python experiments/device/run.py --dry-run RUN; then summarize the returned JSON:")
-    print("  python experiments/time_to_reward.py summarize DIR... --output results/time_to_reward/NAME.json --plot results/time_to_reward/NAME.png")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -457,11 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--output", type=Path, required=True)
     s.add_argument("--plot", type=Path)
     s.add_argument("--markdown", type=Path, help="also write the groups as a Markdown table (medians over seeds, seeds reached, runs cut)")
-    p = sub.add_parser("plan", help="the device calls of the run matrix, in order")
-    p.add_argument("--toml", action="store_true", help="print the runs.toml entries instead")
     args = parser.parse_args(argv)
-    if args.command == "plan":
-        return plan_main(args)
     return summarize_main(args, parser)
 
 

@@ -1,12 +1,11 @@
 """The device driver (experiments/device/) on the CPU: its run matrix, dry run, time limits,
-side-by-side jobs, wheel check, baseline extraction, and the before/after comparison."""
+wheel check, baseline extraction, and the before/after comparison."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +39,7 @@ def _driver(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def test_every_run_executes_something_that_exists_and_fits_the_device_limits():
     matrix = driver.load_matrix()
-    assert {"env", "engine_before_after", "gpu_tests"} <= set(matrix.runs)
+    assert {"env", "face_before_after_W1_W3", "side_by_side_default_W1_W4", "gpu_tests_parallel6"} <= set(matrix.runs)
     for name, run in matrix.runs.items():
         if run.script:
             assert (REPO / run.script).is_file(), f"{name}: {run.script}"
@@ -61,11 +60,11 @@ def test_every_run_executes_something_that_exists_and_fits_the_device_limits():
     assert "experiments/benchmark_learner.py" in matrix.baseline["paths"]
 
 
-def test_the_before_after_calls_return_few_enough_files():
+def test_the_before_after_call_returns_few_enough_files():
     matrix = driver.load_matrix()
-    assert len(driver.returned_files(matrix, ["env", "engine_before_after"])) <= driver.MAX_FILES
-    assert len(driver.returned_files(matrix, ["engine_before_after_and_gpu_tests_x2"])) <= driver.MAX_FILES
-    assert driver.carried(matrix, ["env", "engine_before_after", "gpu_tests"]) == [".whl", ".baseline"]
+    call = ["face_before_after_W1_W3", "side_by_side_default_W1_W4", "gpu_tests_parallel6", "env"]
+    assert len(driver.returned_files(matrix, call)) <= driver.MAX_FILES
+    assert driver.carried(matrix, call) == [".whl", ".baseline"]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +75,6 @@ def test_the_before_after_calls_return_few_enough_files():
         ('script = "a.py"\nenv = { NCCL_NVLS_ENABLE = "1" }', "may not override"),
         ('script = "a.py"\noutputs = ["sub/x.json"]', "plain file name"),
         ('script = "a.py"\nwheels = "nonexistent"', "not a [wheels.*] set"),
-        ('jobs = ["missing"]', "not a run of its own"),
     ],
 )
 def test_the_matrix_refuses_mistakes(tmp_path, body, complaint):
@@ -107,17 +105,17 @@ def test_the_training_wheels_serve_the_learner_runs_too():
 # ---- dry run -------------------------------------------------------------------------------
 
 def test_dry_run_prints_the_exact_commands():
-    done = _driver("--dry-run", "env", "engine_before_after", "gpu_tests")
+    done = _driver("--dry-run", "env", "face_before_after_W1_W3", "gpu_tests_parallel6")
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "experiments/device/environment.py --output '$OUT/env.json'" in out
-    assert "-m pytest -q -p no:cacheprovider -m gpu tests/" in out
+    assert "-m pytest -q -p no:cacheprovider -m gpu -n 6 -rs tests/" in out
     assert out.count("NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1") >= 3
     # the before/after helper lists its processes: cold ones alternate sides, each with its own empty cache
     cold = [line for line in out.splitlines() if "_cold]" in line]
     assert [line.split("]")[0].split("[")[1] for line in cold] == ["before_W1_cold", "after_W1_cold", "after_W3_cold", "before_W3_cold"]
     assert "cache/before_W1 " in cold[0] and "cache/after_W1 " in cold[1]
-    assert "== device call: python3 experiments/device/run.py env engine_before_after gpu_tests" in out
+    assert "== device call: python3 experiments/device/run.py env face_before_after_W1_W3 gpu_tests_parallel6" in out
 
 
 def test_dry_run_of_every_run_stays_within_the_device_limits(monkeypatch, capsys):
@@ -157,8 +155,7 @@ def _stand_in_matrix(tmp_path: Path, sleep: float, limit: int) -> Path:
     script.write_text(STAND_IN)
     matrix = tmp_path / "runs.toml"
     run = f'script = "{script}"\nargs = ["{{out}}", "{{work}}", "{sleep}"]\nlimit = {limit}\noutputs = ["made.json"]\n'
-    matrix.write_text(f"[runs.slow]\n{run}pack = true\ncold_cache = true\n[runs.a]\n{run}[runs.b]\n{run}"
-                      f'[runs.both]\njobs = ["a", "b"]\nlimit = 60\n')
+    matrix.write_text(f"[runs.slow]\n{run}pack = true\ncold_cache = true\n[runs.two]\n{run}gpus = 2\n")
     return matrix
 
 
@@ -190,68 +187,10 @@ def test_a_run_is_stopped_at_its_limit_and_its_output_comes_back(tmp_path, sigin
     assert sorted(p.name for p in out.iterdir()) == ["made.json", "runs.json", "slow.tgz"]
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None, reason="needs 2 CPUs and taskset")
-def test_jobs_run_side_by_side_each_on_its_gpu_and_own_cores(tmp_path):
-    matrix = _stand_in_matrix(tmp_path, sleep=0, limit=30)
-    out = tmp_path / "out"
-    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "2", "both",
-                   env={"OUT": str(out)})
-    assert done.returncode == 0, done.stdout + done.stderr
-    a, b = (json.loads((out / job / "made.json").read_text()) for job in ("a", "b"))
-    assert (a["gpu"], b["gpu"]) == ("0", "1")
-    assert a["affinity"] and b["affinity"] and not set(a["affinity"]) & set(b["affinity"])
-    assert a["cache"] == str(tmp_path / "work" / "inductor_cache")  # warm: the shared one
-    record = json.loads((out / "runs.json").read_text())["runs"][0]
-    assert [j["job"] for j in record["jobs"]] == ["a", "b"]
-    assert all(j["runs"][0]["rc"] == 0 and "job " in j["runs"][0]["env"]["FLASHSAC_RUN_NOTE"] for j in record["jobs"])
-    assert not (out / "a" / "runs.json").exists()  # merged into the call's one runs.json
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == \
-        ["a/a.log", "a/made.json", "b/b.log", "b/made.json", "runs.json"]
-
-
-CACHE_STAND_IN = """
-import json, os, sys
-cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-marker = os.path.join(cache, "kernel.bin")
-warm = os.path.exists(marker)
-os.makedirs(cache, exist_ok=True)
-open(marker, "w").write("compiled")
-open(os.path.join(sys.argv[1], "made.json"), "w").write(json.dumps({"cache": cache, "warm": warm}))
-"""
-
-
-def test_a_named_cache_outlives_its_run_and_cold_cache_empties_it_first(tmp_path):
-    """Calls on one warm machine share WORK: a run naming a cache finds what an earlier run
-    naming it compiled, in the same call or a later one; cold_cache empties it first."""
-    script = tmp_path / "cache_stand_in.py"
-    script.write_text(CACHE_STAND_IN)
-    run = f'script = "{script}"\nargs = ["{{out}}"]\nlimit = 30\noutputs = ["made.json"]\ncache = "g1_stock"\n'
-    matrix = tmp_path / "runs.toml"
-    matrix.write_text(f"[runs.fill]\n{run}cold_cache = true\n[runs.reuse]\n{run}[runs.own]\n"
-                      f'script = "{script}"\nargs = ["{{out}}"]\nlimit = 30\noutputs = ["made.json"]\ncold_cache = true\n')
-    seen = []
-    for call, name in enumerate(["reuse", "fill", "reuse", "own", "fill"]):  # five calls, one warm machine
-        out = tmp_path / f"out{call}"
-        done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", name, env={"OUT": str(out)})
-        assert done.returncode == 0, done.stdout + done.stderr
-        made = json.loads((out / "made.json").read_text())
-        record = json.loads((out / "runs.json").read_text())["runs"][0]
-        seen.append((made["warm"], record.get("cache_files_at_start")))
-        shared = str(tmp_path / "work" / "caches" / "g1_stock")
-        assert made["cache"] == (str(tmp_path / "work" / "own" / "inductor_cache") if name == "own" else shared)
-    # reuse before anything filled it: cold; fill: emptied, cold; reuse: warm; own: its own
-    # fresh cache, the named one untouched; fill again: emptied
-    assert seen == [(False, 0), (False, 0), (True, 1), (False, None), (False, 0)]
-    bad = tmp_path / "bad.toml"
-    bad.write_text(f'[runs.x]\nscript = "{script}"\ncache = "../elsewhere"\n')
-    with pytest.raises(ValueError, match="not a plain folder name"):
-        driver.load_matrix(bad)
-
-
 def test_a_run_needing_more_gpus_than_found_is_skipped(tmp_path):
     matrix = _stand_in_matrix(tmp_path, sleep=0, limit=30)
     out = tmp_path / "out"
-    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "both",
+    done = _driver("--matrix", str(matrix), "--work-root", str(tmp_path / "work"), "--assume-gpus", "1", "two",
                    env={"OUT": str(out)})
     assert done.returncode == 1 and "skipped: needs 2 GPUs, found 1" in done.stdout
     assert json.loads((out / "runs.json").read_text())["runs"][0]["skipped"] == "needs 2 GPUs, found 1"
@@ -279,18 +218,6 @@ def test_a_run_the_call_leaves_less_than_its_min_limit_is_skipped_for_the_next_c
     bad.write_text(f'[runs.x]\nscript = "{script}"\nlimit = 30\nmin_limit = 31\n')
     with pytest.raises(ValueError, match="min_limit 31 is not within"):
         driver.load_matrix(bad)
-
-
-def test_physical_core_groups_keep_hyperthread_siblings_together(tmp_path):
-    # 8 logical CPUs, 4 cores: cpu i and cpu i+4 are siblings (the usual Linux numbering)
-    for cpu in range(8):
-        topo = tmp_path / f"cpu{cpu}" / "topology"
-        topo.mkdir(parents=True)
-        (topo / "physical_package_id").write_text("0\n")
-        (topo / "core_id").write_text(f"{cpu % 4}\n")
-    groups = driver.physical_core_groups(2, cpus=list(range(8)), sysfs=tmp_path)
-    assert groups == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    assert driver._ranges(groups[0]) == "0-1,4-5"
 
 
 # ---- before / after ------------------------------------------------------------------------
@@ -424,7 +351,7 @@ def test_a_side_that_would_import_the_other_trees_package_is_refused(tmp_path):
 
 def test_both_benchmark_scripts_take_the_arguments_before_after_passes():
     matrix = driver.load_matrix()
-    args = matrix.runs["engine_before_after"].args
+    args = matrix.runs["face_before_after_W1_W3"].args
     after_root, after_script = args[args.index("--after") + 1].split(":")
     text = subprocess.run([sys.executable, str(REPO / after_root / after_script), "--help"], cwd=REPO, capture_output=True,
                           text=True, timeout=60).stdout
@@ -491,5 +418,5 @@ def test_a_module_run_is_python_dash_m_and_names_one_thing_to_run(tmp_path):
     run = driver.load_matrix(matrix).runs["pre"]
     assert driver.command(run, Path("/o"), Path("/w"), 60) == [sys.executable, "-m", "flashsac_opt.cli", "precompile", "--report", "/o/p.json"]
     matrix.write_text('[runs.both]\nmodule = "flashsac_opt.cli"\nscript = "x.py"\n')
-    with pytest.raises(ValueError, match="exactly one of script, module, pytest, jobs"):
+    with pytest.raises(ValueError, match="exactly one of script, module, pytest"):
         driver.load_matrix(matrix)

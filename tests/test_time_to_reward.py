@@ -1,7 +1,7 @@
 """experiments/time_to_reward.py: the moving-mean threshold crossing, grouping by
 configuration with the seed-count mark, the JSON and figure it writes, its summary of the
-committed H200 trainings (none reaches reward 20), and the device runs it plans (runs.toml
-holds them, the driver's dry run shows their commands)."""
+committed H200 trainings (none reaches reward 20), and the device's time-to-reward runs (the
+driver's dry run shows their trainings' commands)."""
 
 import copy
 import json
@@ -256,27 +256,20 @@ def test_the_committed_one_gpu_matrix_and_its_table_are_what_the_command_makes_f
     assert [g["reached"]["30"] for g in again["groups"] if g["num_envs"] == 4096] == [3, 3]
 
 
-def test_runs_toml_holds_the_planned_entries_and_the_driver_shows_their_commands():
-    text = (REPO / "experiments" / "device" / "runs.toml").read_text()
-    assert ttr.toml_entries() in text, "runs.toml differs from `time_to_reward.py plan --toml`: paste it again"
-    plan = cli("plan")
-    assert plan.returncode == 0
-    calls = [line for line in plan.stdout.splitlines() if "experiments/device/run.py ttr_" in line]
-    assert len(calls) == 2 * len(ttr.CONFIGS) and "ttr_u64_s1_s2_x4" in calls[0] and "ttr_u64_s3_x2" in calls[1]
-    dry = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", "ttr_u64_s1_s2_x4"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert "over the device's limits" not in dry.stdout, dry.stdout
-    for learner in ("unilab", "flashsac_opt"):
-        for seed in (1, 2):
-            line = next(x for x in dry.stdout.splitlines() if f"[training_u64_b256_r512_{learner}_graph_s{seed}]" in x)
+def test_the_time_to_reward_runs_show_their_trainings_in_the_drivers_dry_run():
+    """runs.toml's U64 time-to-reward runs under MPS: three patched seeds in one run, stock's
+    seed 1 with its compile on the host's 16 CPUs, FlashSAC's replay defaults, 1500 iterations."""
+    for run, learner, seeds in (("ttr_u64_1gpu_patched_mps", "flashsac_opt", (1, 2, 3)), ("ttr_u64_1gpu_stock_mps_s1", "unilab", (1,))):
+        dry = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", run], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert dry.returncode == 0 and "over the device's limits" not in dry.stdout, dry.stdout
+        assert "experiments/device/with_mps.py" in dry.stdout
+        for seed in seeds:
+            line = next(x for x in dry.stdout.splitlines() if f"[training_u64_b256_r512_mps_{learner}_graph_s{seed}]" in x)
             assert f"--learner {learner} --mode graph --seed {seed} --num-envs 256 --batch-size 256 --updates-per-step 64" in line
             assert "--iterations 1500" in line and "--learning-starts 98 --replay-buffer-n 512" in line  # FlashSAC's replay defaults
-    assert dry.stdout.count("taskset -c <physical cores") == 4 and "stock eval" not in dry.stdout
-    default = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", "ttr_g1_default_s3_x2"], cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
-    assert "training_u8_b2048_e4096_r256_unilab_graph_s3.json" in default.stdout
-    assert "--num-envs 4096 --batch-size 2048 --updates-per-step 8" in default.stdout
-    assert "--learning-starts 49 --replay-buffer-n 256" in default.stdout  # the G1 task's own replay
+            assert "--stop-at-reward 30" in line
+            assert ("compile_threads=16" in line) == (learner == "unilab")
 
 
 def test_trainings_names_a_tagged_configuration_and_sizes_limits_by_the_given_start_up(tmp_path):

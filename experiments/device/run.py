@@ -1,7 +1,7 @@
 """One driver for the device (GPU machine) runs declared in runs.toml beside this file.
 
 On the device, one call (its command line is limited to 2000 characters):
-    python3 experiments/device/run.py env engine_before_after
+    python3 experiments/device/run.py env gpu_tests_parallel6
 Here, on the CPU machine:
     python experiments/device/run.py --list
     python experiments/device/run.py --dry-run RUN...       # the exact commands and what to carry
@@ -14,6 +14,15 @@ unbuffered Python, an Inductor cache under .device_work/ (or a fresh empty one),
 limit after which it is stopped and what it wrote still comes back. $OUT gets runs.json
 (each run's command, environment, limit, exit status, seconds, outputs), each run's
 declared outputs, and its log (<run>.log, or <run>.tgz with the log and its raw files).
+
+Why it is ~500 lines and not a shell one-liner: the device is lent, has no network, runs one
+command of at most 10 minutes and returns at most 8 files, so what a run needs must travel
+with the call (wheels installed offline, a baseline commit's tree) and what it measured must come
+back even when its time runs out (SIGINT first, so the scripts save, then the log and raw files
+packed). Every one of those limits is also checked here, on the CPU, before device time is
+spent. Read it by its sections: the matrix (parse and check runs.toml), wheels, baseline,
+running (environment, a run's process group and limit, the call's budget and record), and
+here (list, dry run).
 """
 
 from __future__ import annotations
@@ -62,7 +71,6 @@ class Run:
     module: str | None = None  # python -m MODULE ARGS (a package's command line, e.g. flashsac_opt.cli)
     args: list[str] = field(default_factory=list)
     pytest: list[str] | None = None
-    jobs: list[str] | None = None
     limit: int = 570
     # skipped when the call leaves fewer seconds than this (0: MIN_LIMIT_S), to be listed again in
     # the next call: a time-to-reward seed started on a short share is cut before its reward and
@@ -71,9 +79,6 @@ class Run:
     wheels: str = "none"
     env: dict[str, str] = field(default_factory=dict)
     cold_cache: bool = False
-    # a named Inductor cache (WORK/caches/NAME) that outlives the run: a later run naming it, in
-    # this call or the next on the same warm machine, starts warm (with cold_cache: emptied first)
-    cache: str = ""
     gpus: int = 1
     outputs: list[str] = field(default_factory=list)
     pack: bool = False
@@ -91,7 +96,6 @@ class Matrix:
     runs: dict[str, Run]
     wheels: dict[str, dict]
     baseline: dict
-    path: Path = MATRIX
 
 
 def load_matrix(path: Path = MATRIX) -> Matrix:
@@ -104,64 +108,34 @@ def load_matrix(path: Path = MATRIX) -> Matrix:
         if unknown:
             raise ValueError(f"run {name}: unknown keys {sorted(unknown)}")
         run = Run(name=name, **spec)
-        kinds = [k for k in ("script", "module", "pytest", "jobs") if getattr(run, k) is not None]
+        kinds = [k for k in ("script", "module", "pytest") if getattr(run, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"run {name}: needs exactly one of script, module, pytest, jobs (has {kinds or 'none'})")
+            raise ValueError(f"run {name}: needs exactly one of script, module, pytest (has {kinds or 'none'})")
         if not 0 <= run.min_limit <= run.limit:
             raise ValueError(f"run {name}: min_limit {run.min_limit} is not within 0..limit ({run.limit})")
         if run.wheels != "none" and run.wheels not in wheels:
             raise ValueError(f"run {name}: wheels {run.wheels!r} is not a [wheels.*] set")
-        if run.cache and not FILE_NAME.match(run.cache):
-            raise ValueError(f"run {name}: cache {run.cache!r} is not a plain folder name (letters, digits, . _ -)")
         if set(run.env) & set(FIXED_ENV):
             raise ValueError(f"run {name}: env may not override {sorted(set(run.env) & set(FIXED_ENV))}")
         for out in run.returned():
             if not FILE_NAME.match(out):
                 raise ValueError(f"run {name}: output {out!r} is not a plain file name (letters, digits, . _ -)")
         runs[name] = run
-    for run in runs.values():
-        if run.jobs is None:
-            continue
-        for job in run.jobs:
-            if job not in runs or runs[job].jobs is not None:
-                raise ValueError(f"run {run.name}: job {job!r} is not a run of its own (script or pytest)")
-            if runs[job].gpus != 1:
-                raise ValueError(f"run {run.name}: job {job} needs {runs[job].gpus} GPUs; jobs get one each")
-        if len(set(run.jobs)) != len(run.jobs):
-            raise ValueError(f"run {run.name}: a job twice")
-        run.gpus = len(run.jobs)
-    return Matrix(runs, wheels, data.get("baseline", {}), path)
+    return Matrix(runs, wheels, data.get("baseline", {}))
 
 
 def returned_files(matrix: Matrix, names: list[str]) -> list[str]:
     """Every file a call running ``names`` returns, as paths under $OUT."""
-    files = ["runs.json"]
-    for name in names:
-        run = matrix.runs[name]
-        if run.jobs:
-            files += [f"{job}/{f}" for job in run.jobs for f in matrix.runs[job].returned()]
-        else:
-            files += run.returned()
-    return files
+    return ["runs.json", *(f for name in names for f in matrix.runs[name].returned())]
 
 
 def wheel_sets(matrix: Matrix, names: list[str]) -> list[str]:
-    sets = []
-    for name in names:
-        run = matrix.runs[name]
-        for sub in [matrix.runs[j] for j in run.jobs] if run.jobs else [run]:
-            if sub.wheels != "none" and sub.wheels not in sets:
-                sets.append(sub.wheels)
-    return sets
+    return list(dict.fromkeys(matrix.runs[n].wheels for n in names if matrix.runs[n].wheels != "none"))
 
 
 def carried(matrix: Matrix, names: list[str]) -> list[str]:
     paths = [".whl"] if wheel_sets(matrix, names) else []
-    for name in names:
-        run = matrix.runs[name]
-        for sub in [matrix.runs[j] for j in run.jobs] if run.jobs else [run]:
-            paths += [p for p in sub.carry if p not in paths]
-    return paths
+    return list(dict.fromkeys(paths + [p for n in names for p in matrix.runs[n].carry]))
 
 
 # ---- wheels ---------------------------------------------------------------------------------
@@ -269,15 +243,10 @@ def command(run: Run, out: Path, work: Path, limit: int) -> list[str]:
     return [sys.executable, *head, *(substitute(a, out, work, limit) for a in run.args)]
 
 
-def named_cache(run: Run, work: Path) -> Path | None:
-    """The run's named cache folder (beside the runs' work folders), or None."""
-    return work.parent / "caches" / run.cache if run.cache else None
-
-
 def run_env(run: Run, work: Path) -> dict[str, str]:
     """The variables a run gets on top of the inherited environment (work: its scratch folder,
     beside the shared Inductor cache and the installed wheels)."""
-    cache = named_cache(run, work) or (work / "inductor_cache" if run.cold_cache else work.parent / "inductor_cache")
+    cache = work / "inductor_cache" if run.cold_cache else work.parent / "inductor_cache"
     path = ([str(work.parent / "site")] if run.wheels != "none" else []) + [str(REPO)]
     return {
         **FIXED_ENV,
@@ -301,38 +270,14 @@ def gpu_list() -> list[str]:
     return [line.strip() for line in listing.splitlines() if line.strip()]
 
 
-def physical_core_groups(n: int, cpus: list[int] | None = None, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
-    """Split the usable logical CPUs into n groups of whole physical cores (hyperthread
-    siblings stay together, so two jobs never share a core), contiguous by package and core."""
-    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
-    cores: dict[tuple[int, int], list[int]] = {}
-    for cpu in cpus:
-        topo = sysfs / f"cpu{cpu}" / "topology"
-        try:
-            key = (int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text()))
-        except (OSError, ValueError):
-            key = (0, cpu)  # no topology: each logical CPU its own core
-        cores.setdefault(key, []).append(cpu)
-    ordered = [cores[k] for k in sorted(cores)]
-    if len(ordered) < n:
-        raise ValueError(f"{len(ordered)} physical cores for {n} jobs")
-    size, rest = divmod(len(ordered), n)
-    groups, start = [], 0
-    for i in range(n):
-        end = start + size + (i < rest)
-        groups.append(sorted(c for core in ordered[start:end] for c in core))
-        start = end
-    return groups
-
-
-def _pump(stream, sinks, prefix: str = "") -> None:
+def _pump(stream, sinks) -> None:
     for line in stream:
         for sink in sinks:
-            sink.write(prefix + line if sink is sys.stdout else line)
+            sink.write(line)
             sink.flush()
 
 
-def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None, prefix: str = "") -> tuple[int, bool]:
+def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None) -> tuple[int, bool]:
     """Run cmd in its own process group, output to the console (and log); at the limit stop the
     whole group: SIGINT (scripts save what they have), then SIGTERM, then SIGKILL."""
     sinks = [sys.stdout]
@@ -341,14 +286,14 @@ def execute(cmd: list[str], env: dict[str, str], limit: float, log: Path | None,
         sinks.append(log_file)
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True, preexec_fn=sigint_default_in_child())
-    pump = threading.Thread(target=_pump, args=(proc.stdout, sinks, prefix), daemon=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, sinks), daemon=True)
     pump.start()
     timed_out = False
     try:
         rc = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         timed_out = True
-        print(f"{prefix}run.py: limit of {limit:.0f} s reached: stopping", flush=True)
+        print(f"run.py: limit of {limit:.0f} s reached: stopping", flush=True)
         rc = None
         for sig, grace in ((signal.SIGINT, 10), (signal.SIGTERM, 3), (signal.SIGKILL, 2)):
             try:
@@ -379,11 +324,11 @@ def pack(run: Run, out: Path, work: Path, log: Path) -> None:
 class Call:
     """One device call: the runs in order, each within its limit and the call's budget."""
 
-    def __init__(self, matrix: Matrix, out: Path, budget: float, job_note: str = "", work_root: Path = WORK):
-        self.matrix, self.out, self.job_note, self.work_root = matrix, out, job_note, work_root
+    def __init__(self, matrix: Matrix, out: Path, budget: float, work_root: Path = WORK):
+        self.matrix, self.out, self.work_root = matrix, out, work_root
         self.deadline = time.monotonic() + budget
         self.record = {"argv": sys.argv, "start": _now(), "budget_s": budget, "python": sys.version.split()[0],
-                       "cpus": os.cpu_count(), "job_note": job_note, "runs": []}
+                       "cpus": os.cpu_count(), "runs": []}
 
     def save(self) -> None:
         self.record["end"] = _now()
@@ -407,79 +352,27 @@ class Call:
             return
         print(f"== {name} (limit {limit} s, {self.left():.0f} s left in the call)", flush=True)
         start = time.monotonic()
-        if run.jobs:
-            entry.update(self.jobs(run, limit, gpus))
-        else:
-            work = self.work_root / name
-            if work.exists():
-                shutil.rmtree(work)
-            (work / "raw").mkdir(parents=True)
-            named = named_cache(run, work)
-            if named is not None and run.cold_cache and named.exists():
-                shutil.rmtree(named)
-            if named is not None:
-                entry["cache_files_at_start"] = sum(1 for p in named.rglob("*") if p.is_file()) if named.exists() else 0
-            env = run_env(run, work)
-            if self.job_note:
-                env["FLASHSAC_RUN_NOTE"] = self.job_note
-            cmd = command(run, self.out, work, limit)
-            log = (work / f"{name}.log") if run.pack else (self.out / f"{name}.log") if run.log else None
-            entry.update(command=cmd, env=env)
-            self.save()
-            rc, timed_out = execute(cmd, env, limit, log)
-            if run.pack:
-                pack(run, self.out, work, log)
-            entry.update(rc=rc, timed_out=timed_out)
-            entry["outputs"] = {f: (self.out / f).stat().st_size if (self.out / f).is_file() else None for f in run.returned()}
-            missing = [f for f, size in entry["outputs"].items() if size is None]
-            if missing:
-                print(f"== {name}: missing outputs {missing}", flush=True)
+        work = self.work_root / name
+        if work.exists():
+            shutil.rmtree(work)
+        (work / "raw").mkdir(parents=True)
+        env = run_env(run, work)
+        cmd = command(run, self.out, work, limit)
+        log = (work / f"{name}.log") if run.pack else (self.out / f"{name}.log") if run.log else None
+        entry.update(command=cmd, env=env)
+        self.save()
+        rc, timed_out = execute(cmd, env, limit, log)
+        if run.pack:
+            pack(run, self.out, work, log)
+        entry.update(rc=rc, timed_out=timed_out)
+        entry["outputs"] = {f: (self.out / f).stat().st_size if (self.out / f).is_file() else None for f in run.returned()}
+        missing = [f for f, size in entry["outputs"].items() if size is None]
+        if missing:
+            print(f"== {name}: missing outputs {missing}", flush=True)
         entry["seconds"] = round(time.monotonic() - start, 1)
         print(f"== {name}: rc={entry.get('rc')}{' (stopped at its limit)' if entry.get('timed_out') else ''}, "
               f"{entry['seconds']} s", flush=True)
         self.save()
-
-    def jobs(self, run: Run, limit: int, gpus: int) -> dict:
-        """The jobs side by side: job i sees GPU i alone and its own physical cores."""
-        groups = physical_core_groups(len(run.jobs))
-        procs = []
-        for i, (job, cpus) in enumerate(zip(run.jobs, groups)):
-            others = ", ".join(j for j in run.jobs if j != job)
-            note = (f"job {i} of {len(run.jobs)} side by side on a {gpus}-GPU host: GPU {i} only, logical CPUs "
-                    f"{_ranges(cpus)} (whole physical cores); the other jobs: {others}")
-            out = self.out / job
-            out.mkdir(parents=True, exist_ok=True)
-            cmd = ["taskset", "-c", _ranges(cpus), sys.executable, __file__, "--budget", str(limit), "--job-note", note,
-                   "--matrix", str(self.matrix.path), "--work-root", str(self.work_root), job]
-            env = {"CUDA_VISIBLE_DEVICES": str(i), "OUT": str(out)}
-            procs.append((job, cmd, env, out))
-        threads, results = [], {}
-        for job, cmd, env, out in procs:
-            def target(job=job, cmd=cmd, env=env):
-                results[job] = execute(cmd, env, limit + STOP_GRACE_S, None, prefix=f"[{job}] ")
-            threads.append(threading.Thread(target=target))
-            threads[-1].start()
-        for t in threads:
-            t.join()
-        entry = {"jobs": []}
-        for job, cmd, env, out in procs:
-            record_file = out / "runs.json"
-            sub = json.loads(record_file.read_text()) if record_file.is_file() else {}
-            record_file.unlink(missing_ok=True)  # merged here: one runs.json per call
-            entry["jobs"].append({"job": job, "command": cmd, "env": env, "rc": results[job][0], "runs": sub.get("runs", [])})
-        entry["rc"] = max((abs(j["rc"] or 0) for j in entry["jobs"]), default=0)
-        return entry
-
-
-def _ranges(cpus: list[int]) -> str:
-    parts, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            parts.append(str(start) if start == c else f"{start}-{c}")
-            start = None
-    return ",".join(parts)
 
 
 def _now() -> str:
@@ -512,24 +405,15 @@ def dry_run(matrix: Matrix, names: list[str], budget: float) -> int:
         print(f"== {name}: {run.help}")
         print(f"   limit {limit} s, {run.gpus} GPU(s), wheels: {' '.join(wheel_sets(matrix, [name])) or 'none'}, "
               f"returns: {' '.join(returned_files(matrix, [name])[1:])}")
-        subs = [(job, matrix.runs[job]) for job in run.jobs] if run.jobs else [(name, run)]
-        for i, (sub_name, sub) in enumerate(subs):
-            sub_out = out / sub_name if run.jobs else out
-            work = WORK / sub_name
-            env = run_env(sub, work)
-            sub_limit = limit
-            if run.jobs:  # a job is a driver of its own, with the jobs run's limit as its budget
-                sub_limit = int(min(sub.limit, limit - STOP_GRACE_S))
-                env = {"CUDA_VISIBLE_DEVICES": str(i), **env}
-                print(f"   job {i}: GPU {i}, taskset -c <physical cores {i + 1} of {len(subs)}>, limit {sub_limit} s")
-            cmd = command(sub, sub_out, work, sub_limit)
-            print("   " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\")
-            print("     " + shlex.join(cmd))
-            if sub.script and sub.script.startswith("experiments/device/"):
-                # the driver's own helpers print the processes they would start
-                plan = subprocess.run([sys.executable, *cmd[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True)
-                for line in (plan.stdout + plan.stderr).splitlines():
-                    print("     | " + line)
+        env = run_env(run, WORK / name)
+        cmd = command(run, out, WORK / name, limit)
+        print("   " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\")
+        print("     " + shlex.join(cmd))
+        if run.script and run.script.startswith("experiments/device/"):
+            # the driver's own helpers print the processes they would start
+            plan = subprocess.run([sys.executable, *cmd[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True)
+            for line in (plan.stdout + plan.stderr).splitlines():
+                print("     | " + line)
     files = returned_files(matrix, names)
     carry = carried(matrix, names)
     size = tree_mib() + sum(folder_mib(REPO / c) for c in carry)
@@ -560,7 +444,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-wheels", metavar="SET", help="download a wheel set into .whl/ (here, where pip works)")
     parser.add_argument("--prepare-baseline", metavar="COMMIT", help="extract COMMIT's code into .baseline/ (here)")
     parser.add_argument("--budget", type=float, default=585.0, help="seconds the whole call may take (default 585)")
-    parser.add_argument("--job-note", default="", help=argparse.SUPPRESS)  # set for the jobs of a jobs run
     # for CPU rehearsals and tests: another matrix, scratch folder, GPU count
     parser.add_argument("--matrix", type=Path, default=MATRIX, help=argparse.SUPPRESS)
     parser.add_argument("--work-root", type=Path, default=WORK, help=argparse.SUPPRESS)
@@ -570,8 +453,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for run in matrix.runs.values():
-            what = f"jobs {'+'.join(run.jobs)}" if run.jobs else f"wheels {run.wheels}"
-            print(f"{run.name:36} {run.limit:4d} s  {run.gpus} GPU  {what:24} {run.help}")
+            print(f"{run.name:36} {run.limit:4d} s  {run.gpus} GPU  {'wheels ' + run.wheels:24} {run.help}")
         return 0
     if args.fetch_wheels:
         if args.fetch_wheels not in matrix.wheels:
@@ -590,13 +472,13 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(os.environ.get("OUT", args.work_root / "out"))
     out.mkdir(parents=True, exist_ok=True)
-    call = Call(matrix, out, args.budget, args.job_note, args.work_root)
+    call = Call(matrix, out, args.budget, args.work_root)
     for c in carried(matrix, args.runs):
         if not (REPO / c).exists():
             sys.exit(f"run.py: {c} was not carried (prepare it here and name it in the call's carry)")
     install_wheels(matrix, wheel_sets(matrix, args.runs), args.work_root / "site")
     listing = gpu_list()
-    gpus = args.assume_gpus if args.assume_gpus is not None else 1 if args.job_note else len(listing)
+    gpus = args.assume_gpus if args.assume_gpus is not None else len(listing)
     call.record.update(gpus=gpus, gpu_list=listing)
     for name in args.runs:
         call.run(name, gpus)
