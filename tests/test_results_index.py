@@ -8,7 +8,11 @@ expression syntax and the "measured number" rule). These tests check that
 (b) every row's printed value appears in each document it names;
 (c) every measured number in README.md and FLASH_SAC_OPTIMIZATION.md is listed in INDEX.md
     for that document;
-(d) README's generated table equals results/trainings/summary.md.
+(d) every relative link in README.md and FLASH_SAC_OPTIMIZATION.md names a file or directory of
+    the repository, and README links the trainings' table (results/trainings/summary.md) rather
+    than copying it;
+(e) no git-tracked text file names a work period ("session" and a number): a measurement is
+    named by its date, commit and JSON.
 The last tests feed the same checks wrong inputs, so each of them is known to be able to fail.
 """
 
@@ -18,6 +22,7 @@ import ast
 import math
 import operator
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,9 +36,7 @@ from common import read_json  # noqa: E402  (plain or .json.gz, as the experimen
 
 INDEX = REPO / "results" / "INDEX.md"
 DOCS = {"README": REPO / "README.md", "report": REPO / "FLASH_SAC_OPTIMIZATION.md"}
-SUMMARY = REPO / "results" / "trainings" / "summary.md"
-GENERATED_BEGIN = "<!-- generated: results/trainings/summary.md -->"
-GENERATED_END = "<!-- end generated -->"
+SUMMARY = "results/trainings/summary.md"  # the trainings' table, generated from its JSON; README links it
 
 INDEXED_HEADER = ["claim", "printed", "doc", "file", "key"]
 QUOTED_HEADER = ["claim", "printed", "doc", "source"]
@@ -208,8 +211,7 @@ _BOUND = re.compile(r"(<=|>=|≤|≥|<|>)\s*$")
 
 def prose(text: str) -> str:
     """What check (c) reads: the text without fenced code, inline code, HTML comments, link
-    targets, URLs and README's generated block (check (d) covers that one)."""
-    text = re.sub(re.escape(GENERATED_BEGIN) + r".*?" + re.escape(GENERATED_END), " ", text, flags=re.S)
+    targets and URLs."""
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", " ", text)
@@ -236,9 +238,18 @@ def measured_numbers(text: str) -> list[str]:
     return found
 
 
-def generated_block(readme: str) -> str | None:
-    m = re.search(re.escape(GENERATED_BEGIN) + r"\n(.*?)" + re.escape(GENERATED_END), readme, flags=re.S)
-    return m.group(1) if m else None
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def link_targets(text: str) -> list[str]:
+    """The relative link targets of a markdown document (URLs and in-page anchors left out),
+    without their own anchors."""
+    targets = (t for t in _LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:|#", t))
+    return [t.split("#", 1)[0] for t in targets]
+
+
+def broken_links(text: str, root: Path = REPO) -> list[str]:
+    return [t for t in link_targets(text) if not (root / t).exists()]
 
 
 def number_appears(printed: str, text: str) -> bool:
@@ -277,10 +288,55 @@ def test_c_every_measured_number_is_indexed(doc):
     assert not missing, f"{DOCS[doc].name}: measured numbers not in results/INDEX.md for {doc!r}: {missing}"
 
 
-def test_d_readme_generated_table_is_summary_md():
-    block = generated_block(DOCS["README"].read_text())
-    assert block is not None, f"README.md has no block between {GENERATED_BEGIN!r} and {GENERATED_END!r}"
-    assert block == SUMMARY.read_text(), "README's generated table differs from results/trainings/summary.md: paste it again"
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_d_every_relative_link_resolves(doc):
+    broken = broken_links(DOCS[doc].read_text())
+    assert not broken, f"{DOCS[doc].name}: links to nothing in the repository: {broken}"
+
+
+def test_d_readme_links_the_trainings_table():
+    assert SUMMARY in link_targets(DOCS["README"].read_text()) and (REPO / SUMMARY).is_file()
+
+
+# ---------------------------------------------------------------------------- (e) work periods
+# A work period named by number: "session" or "sessions", a space or a hyphen, digits (any case).
+# The project names a measurement by its date, commit and JSON instead; Python's scope="session"
+# and identifiers such as session_id pass.
+WORK_PERIOD = re.compile(r"\bsessions?[ -]\d+", re.IGNORECASE)
+
+
+def tracked_text_files(root: Path = REPO) -> list[str]:
+    """The repository's git-tracked files that exist in the working tree, without .gz archives."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    names = [n for n in listed.decode().split("\0") if n and not n.endswith(".gz")]
+    return [n for n in names if (root / n).is_file()]
+
+
+def work_period_references(name: str, data: bytes) -> list[str]:
+    """``name:line: match`` for each work period named in a text file; binary data (a NUL byte,
+    or not UTF-8) is skipped."""
+    if b"\0" in data:
+        return []
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    return [
+        f"{name}:{number}: {m.group(0)}"
+        for number, line in enumerate(text.splitlines(), 1)
+        for m in WORK_PERIOD.finditer(line)
+    ]
+
+
+def test_e_no_tracked_text_file_names_a_work_period():
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    found = [ref for name in tracked_text_files() for ref in work_period_references(name, (REPO / name).read_bytes())]
+    files = sorted({ref.split(":", 1)[0] for ref in found})
+    assert not found, (
+        f"{len(found)} references to a work period in {len(files)} files (name the date, commit and JSON instead):\n"
+        + "\n".join(found)
+    )
 
 
 # ------------------------------------------------------- the checks can fail (mutations)
@@ -318,7 +374,7 @@ def test_c_finds_measured_numbers_and_fails_on_an_unindexed_one():
     text = (
         "Graph 1.276 ms (0.57x), 344 kernels, 28-30 s, 13.0%, 48x, 116.2 MiB, 7.3e-3; "
         "UniLab 1.5.2, torch 2.11.0, batch 256 x 2, W1, 1000 iterations, target <= 0.5x, `0.01`, 2^20 rows.\n"
-        f"{GENERATED_BEGIN}\n| 9.99 |\n{GENERATED_END}\n"
+        "```bash\nrun --ms 9.99\n```\n<!-- 8.88 ms -->\n[JSON](results/x_7.77.json)\n"
     )
     assert measured_numbers(text) == ["1.276", "0.57", "344", "28", "30", "13.0", "48", "116.2", "7.3e-3"]
     rows = [Row(1, "c", n, ("README",), "f", "k") for n in measured_numbers(text)]
@@ -327,8 +383,33 @@ def test_c_finds_measured_numbers_and_fails_on_an_unindexed_one():
     assert unindexed("report", text, rows) != []  # rows for another document do not count
 
 
-def test_d_fails_on_an_edited_block():
-    summary = SUMMARY.read_text()
-    readme = f"x\n{GENERATED_BEGIN}\n{summary}{GENERATED_END}\n"
-    assert generated_block(readme) == summary
-    assert generated_block(readme.replace("(time limit)", "", 1)) != summary
+def test_d_fails_on_a_link_to_nothing():
+    text = (
+        "[report](FLASH_SAC_OPTIMIZATION.md), [table](results/trainings/summary.md#top), [UniLab](https://pypi.org/project/unilab/), "
+        "[below](#tests), [gone](results/nope/nope.json), [moved](experiments/moved/nope.py)"
+    )
+    assert link_targets(text) == [
+        "FLASH_SAC_OPTIMIZATION.md", "results/trainings/summary.md", "results/nope/nope.json", "experiments/moved/nope.py"
+    ]
+    assert broken_links(text) == ["results/nope/nope.json", "experiments/moved/nope.py"]
+    assert SUMMARY not in link_targets("[table](results/trainings/summary.json)")
+
+
+def test_e_fails_on_a_named_work_period():
+    word = "sess" + "ion"  # spelled apart, so this file passes its own check
+    text = (
+        f"Measured in {word} 27.\nThe {word.title()}-28 call; {word}s 16-18; {word.upper()} 3 and 4\n"
+        f'scope="{word}", {word}_id = 2, a {word}: 5 calls, {word}s, 2026-12-03 (commit 6c01f36)\n'
+    )
+    found = work_period_references("notes.md", text.encode())
+    assert found == [
+        f"notes.md:1: {word} 27",
+        f"notes.md:2: {word.title()}-28",
+        f"notes.md:2: {word}s 16",
+        f"notes.md:2: {word.upper()} 3",
+    ]
+    assert work_period_references("blob.bin", b"\0" + text.encode()) == []  # binary: skipped
+    assert work_period_references("latin1.txt", f"caf\xe9 {word} 9".encode("latin-1")) == []  # not UTF-8: skipped
+    assert work_period_references("clean.md", b"2026-12-03, commit 6c01f36, results/x.json") == []
+    names = tracked_text_files()
+    assert "README.md" in names and not any(n.endswith(".gz") for n in names)
