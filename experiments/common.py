@@ -106,9 +106,8 @@ def run_environment(device: str, packages: tuple[str, ...] = ()) -> dict:
 
 
 def host_share() -> dict:
-    """What of the host this process had: a device call may run two jobs side by side, one
-    per GPU, each pinned to half of the cores (the device driver says so in
-    FLASHSAC_RUN_NOTE)."""
+    """What of the host this process had (cores, GPUs, MPS), and FLASHSAC_RUN_NOTE, a note
+    whoever started it left (the device driver's side-by-side jobs did, up to commit 2f362b4)."""
     import os
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

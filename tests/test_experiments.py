@@ -1,5 +1,6 @@
 """Command-line handling and JSON schema of the experiments (CPU)."""
 
+import ast
 import copy
 import importlib.util
 import json
@@ -708,22 +709,131 @@ def test_benchmark_records_why_aotautograd_bypassed_its_cache(tmp_path, monkeypa
     assert bypass.reasons == seen and bypass not in logger.handlers and logger.level == level
 
 
+# ---- import circles (ast only, nothing imported) -------------------------------------------
+# Each root is a folder its modules are imported from, its files named by their path under it, as
+# `sys.path` would name them: the repository root for flashsac_opt/, experiments/ for the experiments
+# (which put it on their path), tests/ for the tests. Every `import` and `from ... import` is an edge,
+# also inside functions (imported when the function runs), except under `if TYPE_CHECKING:`; an edge
+# goes to the module itself, not to the packages above it (a package's __init__ importing its own
+# modules is no circle). The whole repository: python tests/test_experiments.py . experiments tests
+
+def module_files(root: Path, others: list[Path] = ()) -> dict[str, Path]:
+    """{dotted name: file} of the .py files under root (a package by its __init__.py), but for
+    those under another root inside it and hidden folders (.venv)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if any(p.startswith(".") or not p.isidentifier() for p in parts[:-1]) or any(
+                o != root and o.is_relative_to(root) and path.is_relative_to(o) for o in others):
+            continue
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imported(tree: ast.AST, name: str, is_package: bool) -> list[str]:
+    """The dotted names a module imports (a `from X import Y` gives X.Y and X: either may be a module)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [[a.name] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package upwards
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            out += [[f"{base}.{a.name}" if base else a.name, base] for a in node.names]
+    return out
+
+
+def import_graph(roots: list[Path]) -> dict[Path, set[Path]]:
+    """{file: files it imports} over the modules of every root; an import is looked up in the
+    importing file's own root first, then in the others."""
+    tables = [module_files(root, roots) for root in roots]
+    graph: dict[Path, set[Path]] = {}
+    for i, table in enumerate(tables):
+        order = [table] + tables[:i] + tables[i + 1:]
+        for name, path in table.items():
+            edges = graph.setdefault(path, set())
+            for candidates in _imported(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py"):
+                for wanted in candidates:
+                    target = next((t[wanted] for t in order if wanted in t), None)
+                    if target is not None:
+                        if target != path:
+                            edges.add(target)
+                        break
+    return graph
+
+
+def cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on_stack: set[Path] = set()
+    found = []
+
+    def visit(node: Path) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph) + 100))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+
 def test_the_experiments_import_no_circle_and_the_check_finds_one(tmp_path):
-    """experiments/import_cycles.py over experiments/ (its own root, as the scripts put it on
-    their path, flashsac_opt beside it): no circle. The same check on two modules that import each
-    other (one of them inside a function, as benchmark_learner and roofline once did) and a
-    package whose __init__ re-exports its module finds exactly that pair."""
-    cycles = load("import_cycles.py")
-    graph = cycles.import_graph([REPO / "experiments", REPO])
+    """The import graph over experiments/ (its own root, as the scripts put it on their path,
+    flashsac_opt beside it): no circle. The same check on two modules that import each other (one
+    of them inside a function, as benchmark_learner and roofline once did) and a package whose
+    __init__ re-exports its module finds exactly that pair."""
+    graph = import_graph([REPO / "experiments", REPO])
     assert REPO / "experiments" / "bench" / "workloads.py" in graph[REPO / "experiments" / "bench" / "roofline.py"]
-    assert cycles.cycles(graph) == []
+    assert cycles(graph) == []
     (tmp_path / "a.py").write_text("import b\n")
     (tmp_path / "b.py").write_text("def f():\n    from a import g\n")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("from .mod import h\n")
     (tmp_path / "pkg" / "mod.py").write_text("from pkg.other import x\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
     (tmp_path / "pkg" / "other.py").write_text("x = 1\n")
-    graph = cycles.import_graph([tmp_path])
+    graph = import_graph([tmp_path])
     assert graph[tmp_path / "pkg" / "mod.py"] == {tmp_path / "pkg" / "other.py"}  # not a: TYPE_CHECKING only
-    assert cycles.cycles(graph) == [[tmp_path / "a.py", tmp_path / "b.py"]]
-    assert run("import_cycles.py", str(tmp_path)).returncode == 1
+    assert cycles(graph) == [[tmp_path / "a.py", tmp_path / "b.py"]]
+    done = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "circle: " in done.stdout
+
+
+if __name__ == "__main__":  # the import graph of the folders given (roots), its circles; exit 1 if any
+    roots = [Path(r).resolve() for r in sys.argv[1:] or ["."]]
+    graph = import_graph(roots)
+    found = cycles(graph)
+    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports among them, {len(found)} circle(s)")
+    for component in found:
+        print("circle: " + " <-> ".join(str(p.relative_to(Path.cwd()) if p.is_relative_to(Path.cwd()) else p) for p in component))
+    sys.exit(1 if found else 0)

@@ -10,22 +10,10 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
   ours_graph_fused / ours_graph_split: graph mode with fused_update forced on / off (one
     compile boundary per update vs loss and step compiled apart); ours_graph uses the
     default, which picks by batch size
-  ours_graph_tuned / _no_combo / _aggressive / _percast / _coop / _input_bn_chunks / _stacked / _triton_gemm / _target_stream:
-    graph mode with one setting changed (GRAPH_STUDIES): coordinate-descent tuning of every Triton kernel's launch
-    config (what UniLab's max-autotune-no-cudagraphs mode also turns on), horizontal fusion
-    of independent kernels (combo_kernels), fusion without shared reads (aggressive_fusion),
-    GEMM weights cast per matmul instead of once per network call, cooperative reductions,
-    the critics' input BN statistics in chunks of 128 rows (input_bn_chunk_rows), the online and target
-    critics as one ensemble forward (stack_target_critic), GEMMs autotuned among Triton templates
-    with prologue/epilogue fusion, the critic's target branch on a second stream (critic_target_stream),
-    Programmatic Dependent Launch of the generated kernels (triton.enable_pdl), with each kernel
-    triggering its dependents right after its wait or after its loads (pdl_placement), the critic's weight
-    gradients in the weights' own layout (contiguous_weight_grads), the critic's input BN statistics
-    reduced once for all members (shared_input_bn_statistics)
+  ours_graph_<study>: graph mode with one setting changed (GRAPH_STUDIES: Inductor options, critic
+    options, Programmatic Dependent Launch and its placement), each described there
 
-Workloads (synthetic batches sampled on the GPU from a GPU-resident pool):
-  W1 B256 x 2 updates, W2 B256 x 8, W3 B2048 x 8 (UniLab's G1 default), W4 B8192 x 4
-  (W1-W3: obs 98 / critic obs 101 / act 29; W4: obs 160 / critic obs 289 / act 29), pf 2.
+Workloads: bench/workloads.py (W1-W4), synthetic batches sampled on the GPU from a GPU-resident pool.
 
 Every cell is timed before any is profiled (torch.profiler leaves CUPTI attached and slows
 later launches); kernel counts come from a second pass over the same learners.
@@ -68,7 +56,8 @@ from bench.workloads import WORKLOADS  # noqa: E402
 from bench.roofline import counted_kernels, inductor_kernel_gb, inductor_kernel_sources, kernel_classes, measure_peaks, unique_kernel_names  # noqa: E402
 from flashsac_opt.config import COMPILED_MODE_NETWORK_OPTIONS  # noqa: E402
 
-# Graph mode with one setting changed: what each buys and costs in start-up.
+# Graph mode with one setting changed (a study): what each buys and costs in start-up. The
+# results of each are under results/learner_benchmark/ (studies_*, side_by_side_*).
 # The critic network options the compiled modes turn on by default (config.COMPILED_MODE_NETWORK_OPTIONS), all off.
 PLAIN_NETWORK = {name: False for name in COMPILED_MODE_NETWORK_OPTIONS}
 # Study keys the variant builder reads itself (neither Inductor options nor config fields).
@@ -76,89 +65,53 @@ BUILDER_SWITCHES = ("pdl_placement",)
 GRAPH_STUDIES = {
     # coordinate-descent tuning of Triton launch configs, as UniLab's max-autotune does
     "ours_graph_tuned": {"inductor_options": {"coordinate_descent_tuning": True}},
-    # without horizontal fusion (combo_kernels, graph mode's default on CUDA; older reports
-    # hold "ours_graph_combo", the same comparison the other way round: combo at 0.79-0.89x
-    # of no combo at W1, 0.93-0.98x at W3)
+    # without horizontal fusion (combo_kernels, graph mode's default on CUDA; older reports hold
+    # "ours_graph_combo", the other way round: combo at 0.79-0.89x of none at W1, 0.93-0.98x at W3)
     "ours_graph_no_combo": {"inductor_options": {"combo_kernels": False}},
     # fuse nodes even without shared memory reads (fewer, larger kernels)
     "ours_graph_aggressive": {"inductor_options": {"aggressive_fusion": True}},
     # the GEMM weights cast to bf16 per matmul instead of once per network call
     "ours_graph_percast": {"cast_gemm_weights_once": False},
-    # cooperative reductions (several thread blocks per output, synchronized): the BatchNorm
-    # statistics over the batch axis have few outputs (the critic's input BN: 2 x 130 at W3,
-    # one 4096-row loop each, 43 us a launch; results/roofline/README.md)
+    # cooperative reductions: the BatchNorm statistics over the batch axis have few outputs
     "ours_graph_coop": {"inductor_options": {"triton.cooperative_reductions": True}},
-    # the critics' input BN statistics reduced in chunks of 128 rows, then combined
-    # (input_bn_chunk_rows; chunking every critic BN layer, session 16's ours_graph_bnchunks at
-    # commit 62bc0bd, was 1.02-1.12x slower)
+    # the critics' input BN statistics in chunks of 128 rows, then combined (chunking every critic
+    # BN layer, ours_graph_bnchunks at commit 62bc0bd, 2026-12-01, was 1.02-1.12x slower)
     "ours_graph_input_bn_chunks": {"input_bn_chunk_rows": 128},
-    # the online and target critics as one 4-member ensemble in the critic loss: half the
-    # forward kernels of the two critics, twice the critic's backward FLOPs (stack_target_critic)
+    # the online and target critics as one 4-member ensemble in the critic loss (stack_target_critic)
     "ours_graph_stacked": {"stack_target_critic": True},
-    # GEMMs autotuned among Inductor's Triton templates as well as cuBLAS, with its prologue and
-    # epilogue fusion (both on by default for templates): a BN apply + ReLU + bf16 cast may then be
-    # read by the next GEMM instead of written and read again (issue 18's "GEMM epilogues")
+    # GEMMs autotuned among Inductor's Triton templates too, with prologue/epilogue fusion (their
+    # cold compile took ~10x graph mode's on 2026-12-03: studies_2026-12-03/)
     "ours_graph_triton_gemm": {"inductor_options": {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}},
-    # the critic's target branch (target forward + projection) on a second stream inside the
-    # captured iteration, beside the online critic's forward (critic_target_stream); the critic
-    # then runs the split form, so compare with ours_graph_split too (issue 18's "overlap")
+    # the critic's target branch on a second stream inside the captured iteration (critic_target_stream;
+    # the critic then runs the split form: compare with ours_graph_split too)
     "ours_graph_target_stream": {"critic_target_stream": True},
-    # Programmatic Dependent Launch (Hopper+): each generated Triton kernel may start while the one
-    # before it finishes, waiting on the device for its data instead of on the launch. W1 is a
-    # dependent chain of ~350 small kernels whose gaps add ~0.36 ms to ~0.96 ms of kernel time
-    # (the captured graph keeps the programmatic edges; cuBLAS GEMMs launch as before).
-    # Measured 2026-12-02: 1.013x / 0.977x / 1.011x at W1 / W2 / W4
-    # Session 26 (results/learner_benchmark/side_by_side_pdl_2026-12-03/): 0.939x / 0.966x at W1 / W2
-    # in one call, 0.976x / 0.975x / 1.001x / 1.005x at W1 / W2 / W3 / W4 in the next, but with PDL
-    # as graph mode's default (commit 4b6e2bc) two GPU tests failed: in-graph replay sampling no
-    # longer matched explicit batches (actor params 5.5e-4 relative apart, bound 1e-5) and the
-    # critic's target branch on a second stream drifted from eager (losses 0.16 against a 0.02
-    # bound); both passed in the last suite without PDL. Consistent with a race (Triton's open
-    # issue 11905: PDL's wrong results where a load is placed before gdc_wait), not isolated further:
-    # not a default then. Session 27: flashsac_opt/pdl.py makes every generated kernel wait before
-    # its first memory access (Inductor's own placement lets loads not written by the scheduler's
-    # previous node run before the wait), and the engine gives PDL only with that codegen. Beside
-    # UniLab (side_by_side_pdl_wait_first_2026-12-03): 0.930x / 0.947x / 1.001x / 1.025x of graph
-    # mode without it at W1 / W2 / W3 / W4, so graph mode's default on Hopper up to
-    # engine.PDL_MAX_BATCH rows per update: ours_graph_pdl (PDL at every batch) is ours_graph at
-    # W1 / W2, ours_graph_no_pdl is ours_graph at W3 / W4.
+    # Programmatic Dependent Launch (Hopper+) forced on / off at every batch. Inductor's own placement
+    # failed two GPU tests as a default (commit 4b6e2bc, withdrawn in de1fb3f, 2026-12-03:
+    # side_by_side_pdl_2026-12-03/); flashsac_opt/pdl.py's wait-first codegen made it correct
+    # (5dae6df: side_by_side_pdl_wait_first_2026-12-03/), graph mode's default up to
+    # engine.PDL_MAX_BATCH rows per update: ours_graph_pdl is ours_graph at W1 / W2, ours_graph_no_pdl at W3 / W4.
     "ours_graph_pdl": {"inductor_options": {"triton.enable_pdl": True}},
     "ours_graph_no_pdl": {"inductor_options": {"triton.enable_pdl": False}},
-    # PDL with each kernel's gdc_launch_dependents right after its wait (pdl.py, trigger_first)
-    # instead of after its last load, or at its exit where it has none: the next kernel's launch
-    # and block scheduling overlap this kernel's whole body (for W2's 1336 kernels of ~2.8 us).
-    # Forced on at every batch like ours_graph_pdl. Session 28, beside UniLab
-    # (side_by_side_pdl_trigger_first_2026-12-03, ours_graph then the wait-only placement):
-    # 0.972x / 0.982x at W1 / W2, so graph mode's PDL default since; ours_graph_pdl_wait_only is
-    # the session-27 placement, and ours_graph_pdl_trigger_first is ours_graph at W1 / W2 now.
+    # the two placements of each kernel's gdc_launch_dependents (pdl.py): right after its wait
+    # (trigger_first, the default since 130a62a: 0.972x / 0.982x of wait-only at W1 / W2 on 2026-12-03,
+    # side_by_side_pdl_trigger_first_2026-12-03/) or after its last load (wait_first, 5dae6df's)
     "ours_graph_pdl_trigger_first": {"inductor_options": {"triton.enable_pdl": True}, "pdl_placement": "trigger_first"},
     "ours_graph_pdl_wait_only": {"inductor_options": {"triton.enable_pdl": True}, "pdl_placement": "wait_first"},
-    # the critic's weight gradients formed in the weights' own layout (contiguous_weight_grads):
-    # einsum's come out transposed and the flat gradient's assembly gathers them with strided
-    # reads (W2: triton_poi_fused_52, 13.4 us a launch for 2.2 M elements, 8 an iteration).
-    # Measured 2026-12-02: 0.993x / 0.988x / 1.000x at W1 / W2 / W4
-    # (these single-option studies, measured when the options were off by default, keep that
-    # baseline: the other two options off, as in ours_graph_plain)
+    # single critic options, measured 2026-12-02 while off by default, so against their baseline then
+    # (the other two off, as in ours_graph_plain): the weight gradients in the weights' own layout
+    # (0.993x / 0.988x / 1.000x at W1 / W2 / W4); the input BN statistics reduced once for both
+    # members, alone and with 128-row chunks (W3 / W4: 0.989x / 0.975x, both 1.000x / 0.970x)
     "ours_graph_weight_grads": {**PLAIN_NETWORK, "contiguous_weight_grads": True},
-    # the critic's input BN statistics reduced once for both members, which normalize the same rows
-    # (shared_input_bn_statistics: half the slowest BN kernel's work at W3/W4), alone and with the
-    # 128-row chunks that give that reduction more thread blocks. Measured 2026-12-02 (W3 / W4):
-    # shared 0.989x / 0.975x, chunks 1.012x / 0.961x, both 1.000x / 0.970x
     "ours_graph_shared_input_bn": {**PLAIN_NETWORK, "shared_input_bn_statistics": True},
     "ours_graph_shared_input_bn_chunks": {**PLAIN_NETWORK, "shared_input_bn_statistics": True, "input_bn_chunk_rows": 128},
-    # AOTAutograd's activation memory budget (split form, W3/W4): the backward recomputes the critic's
-    # BN apply and ReLU from the saved bf16 GEMM outputs instead of reading fp32 copies the forward
-    # wrote (W3's critic loss: 193 -> 57 MB saved an update; experiments/bench/saved_activations.py).
-    # Measured 2026-12-02: 1.069x at W3, 1.088x at W4 (the recomputation costs more than the read)
+    # AOTAutograd's activation memory budget: the backward recomputes the critic's BN apply and ReLU
+    # (bench/saved_activations.py); 1.069x / 1.088x at W3 / W4 on 2026-12-02
     "ours_graph_budget": {"activation_memory_budget": 0.7},
-    # the critic's ReLU after each up projection on the rounded (bf16) BN output: the same values,
-    # but the forward writes and the backward reads bf16 where they used an fp32 copy beside its cast
+    # the critic's ReLU after each up projection on the rounded (bf16) BN output
     "ours_graph_relu_bf16": {**PLAIN_NETWORK, "relu_in_autocast_dtype": True},
-    # the three options no study found slower anywhere they were measured (2026-12-02), together:
-    # measured side by side with UniLab (0.934-0.975x of ours_graph_plain), the compiled modes'
-    # default since session 23, so now the same learner as ours_graph (kept: the runs name it)
+    # the three critic options together: the compiled modes' default since 37ad83f (2026-12-02), so the
+    # same learner as ours_graph now (kept: the runs name it); ours_graph_plain: the three off
     "ours_graph_options": {name: True for name in COMPILED_MODE_NETWORK_OPTIONS},
-    # graph mode as it was before those options became its default: the three off
     "ours_graph_plain": PLAIN_NETWORK,
 }
 VARIANTS = (
@@ -547,7 +500,7 @@ def prewarm(workloads: list[str], variants: list[str], processes: int, passthrou
         cmd = [sys.executable, str(Path(__file__).resolve()), "--workloads", wname, "--variants", variant,
                "--iters", "1", "--warmup", "0", "--no-profile", "--note", "prewarm", "--output", str(out), *passthrough]
         start = time.perf_counter()
-        # A session of its own: a timeout stops the process group, Inductor's compile workers included.
+        # A process group of its own: a timeout stops it whole, Inductor's compile workers included.
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             _, stderr = child.communicate(timeout=timeout)

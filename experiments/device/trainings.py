@@ -6,7 +6,7 @@ UniLab's `eval` on the last flashsac_opt run's checkpoint (stock UniLab plays ou
 
 RUN = [UN:]LEARNER:MODE[:SEED]: LEARNER unilab|flashsac_opt, MODE eager|compile|graph; UN (e.g. U8)
 overrides --updates for that run. Stock and patched UniLab are two copies of the installed
-unilab package under WORK/../unilab/ (shared by the jobs of a 2-GPU call, made under a lock),
+unilab package under WORK/../unilab/ (made under a lock),
 with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patched copy gets
 `flashsac-opt unilab apply`. Each training gets a --time-limit: its expected start-up (launch
 to first update) plus an equal share of the iteration time left, so a slow run is cut, not
@@ -41,7 +41,8 @@ RUN = re.compile(r"^(?:U(?P<u>[1-9][0-9]*):)?(?P<learner>unilab|flashsac_opt):(?
 # Inductor cache an earlier run of this call filled; other modes ~50 s.
 STARTUP_S = {
     # stock graph: cold 187-238 s on one H200 (its max-autotune compile; one U8 seed took more than
-    # 236 s), warm 50-83 s (sessions 16-18); a warm estimate above that took the cold seed's share
+    # 236 s), warm 50-83 s (the one-GPU calls of 2026-12-01/02, results/time_to_reward/*_one_gpu_*);
+    # a warm estimate above that took the cold seed's share
     ("unilab", "graph", False): 250, ("unilab", "graph", True): 85,
     ("unilab", "compile", False): 130, ("unilab", "compile", True): 70,
     ("flashsac_opt", "compile", False): 130, ("flashsac_opt", "compile", True): 70,
@@ -123,7 +124,7 @@ def prepare_copies(root: Path, cpu: bool, names: tuple[str, ...]) -> tuple[Path,
     deps = Path(spec.origin).parent.parent
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other job of a 2-GPU call may be making them too
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another trainings.py on this machine may be making them too
         for name in names:
             site = root / name
             ready = site / ".ready"
