@@ -25,6 +25,7 @@ import argparse
 import re
 import statistics
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +33,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
 from common import REWARD_WINDOW, moving_mean, percentile, read_json, training_reports, write_report  # noqa: E402
 from report import plotting  # noqa: E402
-from report.plot_time_reward import TAG, band  # noqa: E402
 from report.summarize_startup import phases as startup_phases  # noqa: E402
 from report.summarize_trainings import summarize_run  # noqa: E402
 
-WINDOW = REWARD_WINDOW  # iterations in the moving mean of Train/mean_reward
+TAG = "Train/mean_reward"
+WINDOW = REWARD_WINDOW  # iterations in the moving mean of TAG
 THRESHOLDS = (20.0, 30.0)
 MIN_SEEDS = 3
 SPLIT_KEYS = ("inference_ms", "inference_forward_ms", "collector_update_state_ms", "collector_reset_done_ms", "collector_cycle_ms")
@@ -180,13 +181,27 @@ def label(g: dict) -> str:
     return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}{carried}{shared}"
 
 
+def band(curves: list[tuple[np.ndarray, np.ndarray]], grid_points: int) -> dict:
+    """Common time grid up to the longest run; each run interpolated inside its own span (NaN
+    outside); min/max over the runs present at each point, the mean only where all are."""
+    end = max(t[-1] for t, _ in curves)
+    grid = np.linspace(0.0, end, grid_points)
+    stacked = np.stack([np.interp(grid, t, r, left=np.nan, right=np.nan) for t, r in curves])
+    present = np.isfinite(stacked).sum(axis=0)
+    with warnings.catch_warnings():  # grid points outside every run: NaN, as intended
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean, low, high = np.nanmean(stacked, axis=0), np.nanmin(stacked, axis=0), np.nanmax(stacked, axis=0)
+    mean[present < len(curves)] = np.nan  # a mean of whichever seeds happen to be running would zigzag
+    return {"grid_s": grid.tolist(), "runs_present": present.tolist(), "mean": mean.tolist(), "min": low.tolist(), "max": high.tolist()}
+
+
 def plot(report: dict, path: Path) -> None:
     """Reward (moving mean) against the wall clock, one colour per training setting (updates,
     batch, envs, replay, carrier, GPU sharing), stock dashed and patched solid. Left: since
     launch, each seed its own line (start-up included; cold and warm starts differ by a minute,
     so seeds hardly overlap there and a band would be one run). Right: since each run's first
-    update, the mean where all seeds run and the min-max band over them (plot_time_reward's
-    band): the spread of the training itself."""
+    update, the mean where all seeds run and the min-max band over them (`band`): the spread of
+    the training itself."""
     import matplotlib
 
     fig, (launch_ax, update_ax) = plotting.subplots(1, 2, figsize=(16, 7), sharey=True)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -248,8 +249,6 @@ def test_a_training_stopped_before_its_first_update_still_writes_its_report_and_
     assert group["median"]["first_update_s"] is None and group["reached"] == {"20": 0, "30": 0}
     table = ttr.markdown_table({"runs": [run_summary], "groups": [group], "thresholds": [20.0, 30.0], "window": 20})
     assert "| s1 before its first update |" in table
-    refused = run("report/plot_time_reward.py", "--group", "x", str(out), "--output", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"))
-    assert refused.returncode == 2 and "no learner iteration logged (stopped before its first update)" in refused.stderr
 
 
 def test_replay_stability_short_cpu_run(tmp_path):
@@ -298,55 +297,16 @@ def test_replay_sampling_benchmark_plot_only_and_needs_cuda(tmp_path):
         assert no_gpu.returncode == 2 and "needs a CUDA device" in no_gpu.stderr
 
 
-def _fake_run(directory: Path, seconds_per_iteration: float, offset: float) -> None:
-    """TensorBoard events with a reward curve, written with chosen wall times."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    writer = EventFileWriter(str(directory))
-    for i in range(20):
-        summary = Summary(value=[Summary.Value(tag="Train/mean_reward", simple_value=float(i) + offset)])
-        writer.add_event(Event(wall_time=1000.0 + i * seconds_per_iteration, step=i, summary=summary))
-    writer.close()
-
-
-def test_time_reward_plot_bands_over_seeds(tmp_path):
-    for seed, offset in enumerate((0.0, 1.0, -1.0)):
-        _fake_run(tmp_path / f"fast{seed}", 0.5, offset)
-        _fake_run(tmp_path / f"slow{seed}", 2.0, offset)
-    out, png = tmp_path / "tr.json", tmp_path / "tr.png"
-    done = run("report/plot_time_reward.py", "--group", "fast", *(str(tmp_path / f"fast{s}") for s in range(3)),
-               "--group", "slow", *(str(tmp_path / f"slow{s}") for s in range(3)), "--output", str(out), "--plot", str(png))
-    assert done.returncode == 0, done.stderr
-    groups = json.loads(out.read_text())["groups"]
-    assert groups["fast"]["wall_time_s"] == [9.5, 9.5, 9.5] and groups["slow"]["wall_time_s"] == [38.0] * 3
-    assert groups["fast"]["min"][-1] == pytest.approx(18.0) and groups["fast"]["max"][-1] == pytest.approx(20.0)
-    assert groups["fast"]["mean"][-1] == pytest.approx(19.0)
-    assert png.stat().st_size > 10_000
-    missing = run("report/plot_time_reward.py", "--group", "x", str(tmp_path / "nope"), "--output", str(out), "--plot", str(png))
-    assert missing.returncode == 2 and "does not exist" in missing.stderr
-
-
-def test_time_reward_plot_reads_training_json_time_from_launch(tmp_path):
-    """Training JSON carries wall_s since launch (compile included): the curve starts there."""
-    for seed in range(2):
-        rows = [{"wall_s": 30.0 + i, "reward": float(i + seed)} for i in range(10)] + [{"wall_s": 40.0}]  # last row: no reward
-        (tmp_path / f"run{seed}.json").write_text(json.dumps({"rows_all": rows, "run_dir": "/gone/on/the/device"}))
-    out, png = tmp_path / "tr.json", tmp_path / "tr.png"
-    done = run("report/plot_time_reward.py", "--group", "json", str(tmp_path / "run0.json"), str(tmp_path / "run1.json"),
-               "--output", str(out), "--plot", str(png))
-    assert done.returncode == 0, done.stderr
-    group = json.loads(out.read_text())["groups"]["json"]
-    assert group["time_from"] == "launch" and group["wall_time_s"] == [39.0, 39.0] and group["final_reward"] == [9.0, 10.0]
-    assert group["mean"][0] != group["mean"][0]  # NaN: no run has a reward before its first learner iteration at 30 s
-    # from each run's first reward the seeds overlap from 0: mean of rewards 0 and 1, spread 1
-    since = group["since_first_reward"]
-    assert since["start_s"] == [30.0, 30.0] and since["grid_s"][-1] == 9.0
-    assert (since["mean"][0], since["min"][0], since["max"][0]) == (0.5, 0.0, 1.0)
-    _fake_run(tmp_path / "dir", 0.5, 0.0)
-    mixed = run("report/plot_time_reward.py", "--group", "m", str(tmp_path / "run0.json"), str(tmp_path / "dir"), "--output", str(out), "--plot", str(png))
-    assert mixed.returncode == 2 and "mixes training JSON" in mixed.stderr
+def test_time_to_reward_band_spans_the_longest_run_and_averages_only_where_all_seeds_run():
+    """time_to_reward.band: two seeds, one 10 s and one 20 s long: min/max wherever one runs, the
+    mean only up to the shorter one's end (after it a mean of one seed would jump)."""
+    ttr = load("time_to_reward.py")
+    t = np.arange(0.0, 21.0)
+    b = ttr.band([(t[:11], t[:11]), (t, t + 2.0)], 21)
+    assert b["grid_s"][-1] == 20.0 and b["runs_present"][:11] == [2] * 11 and b["runs_present"][11:] == [1] * 10
+    assert (b["mean"][0], b["min"][0], b["max"][0]) == (1.0, 0.0, 2.0)
+    assert b["mean"][10] == 11.0 and b["mean"][11] != b["mean"][11]  # NaN where one seed has ended
+    assert (b["min"][20], b["max"][20]) == (22.0, 22.0)
 
 
 def test_benchmark_multigpu_cpu_smoke_writes_its_schema(tmp_path):

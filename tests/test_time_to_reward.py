@@ -343,7 +343,7 @@ def test_trainings_runs_every_training_and_exits_non_zero_naming_those_that_fail
     spec.loader.exec_module(trainings)
     prepared = []
 
-    def fake_prepare(copies, rehearsal, names):
+    def fake_prepare(copies, names):
         prepared.extend(names)
         return copies / "stock", copies / "patched"
 

@@ -538,7 +538,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inductor-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Inductor option for flashsac_opt's variants (VALUE parsed as JSON), e.g. coordinate_descent_tuning=true")
     parser.add_argument("--note", default="", help="free text stored in the JSON (e.g. the Inductor cache state)")
-    parser.add_argument("--merge", type=Path, help="append cells to this existing JSON (same run series)")
     parser.add_argument("--prewarm", type=int, default=0, metavar="N",
                         help="compile every cell first in processes of their own, N at a time, on the same Inductor cache")
     parser.add_argument("--prewarm-timeout", type=float, default=None, metavar="S",
@@ -579,8 +578,6 @@ def main(argv: list[str] | None = None) -> int:
             "note": args.note,
             "cells": [],
         }
-        if args.merge and args.merge.exists():
-            report["cells"] = json.loads(args.merge.read_text())["cells"]
         def save() -> None:
             report["ratios"] = ratios(report["cells"])
             if args.output:

@@ -1,34 +1,21 @@
 """Roofline map of the learner iteration: where its GPU time goes, by kernel class, against the
-H200's peaks (issue "The learner at half of UniLab's best").
+H200's ceilings (issue "The learner at half of UniLab's best").
 
-Kernel classes come from the kernel names torch.profiler records (`classify`): vendor GEMMs
-(cuBLAS nvjet / xmma / cutlass), Triton reductions that compute BatchNorm statistics (and the
-sums of their backward), pointwise kernels that normalize (BN apply, with the activations
-Inductor fused into them), activations alone, the weight renormalization after each step, the
-Adam step, and the rest. Inductor fuses across these lines, so a class is the kernel's dominant
-role, decided by the ops in its generated name (first rule that matches wins).
-
-The GEMM work per iteration is counted exactly on the CPU with the same learner code in eager
-mode (`work`, torch.utils.flop_counter): the GEMM class's achieved TFLOP/s and its floor at the
-dense bf16 peak follow. The other classes are memory-bound. torch.profiler gives no bytes per
-kernel (and an unfused eager byte count is meaningless after Inductor's fusion: 81 GB per W3
-iteration), so the bytes come from Inductor itself: compiled with
-`torch._inductor.config.benchmark_kernel` on (`benchmark_learner.py --kernel-bytes`), every
-generated Triton kernel carries `kernel_num_gb`, Inductor's count of the bytes its inputs and
-outputs take (each read or written once: the fewest the fused kernel must move).
-`inductor_kernel_gb` reads them from the loaded kernels; each class then gets its GB per
-iteration, the GB/s it achieves over the time of the kernels with a count, and the floor of
-those bytes at the HBM bandwidth. Vendor kernels (cuBLAS, ATen) have no count. The peaks the
-floors use are measured on the same GPU when the benchmark ran with --kernel-bytes
-(`measure_peaks`: a 1-GiB device copy, an 8192^3 bf16 GEMM), else the datasheet's. The
-third ceiling is latency: a dependent kernel in a CUDA graph that does nearly nothing still takes
-`graph_kernel_us` (measured the same way); each class's `launch_floor_us` is its kernel count
-times that, and the cell's `chain_floor_us` the whole iteration's (W1's bound: many small kernels).
-Bytes / HBM is no ceiling for a kernel of a few MB, which a plain copy of the same bytes does not
-reach either: `measure_peaks` also times a copy kernel in a CUDA graph by size (`graph_copy_us`),
-the benchmark keeps every counted kernel's bytes (`counted_kernels`), and `ms_at_size_ceilings`
-puts each at its copy's time, the GEMMs at their time alone where `--gemm-ceiling` gives it
-(`gemm_ceiling.py`): the iteration with every kernel as fast as its size allows.
+Classes come from the kernel names torch.profiler records (`classify`, first matching rule):
+vendor GEMMs, BatchNorm statistics, BN apply (with the activations Inductor fused in),
+activations, the weight renormalization, the Adam step, other. The ceilings per class:
+- GEMM: its FLOPs per iteration, counted exactly on the CPU in eager mode (`work`), at the dense
+  bf16 peak; or, tighter, the workload's GEMMs alone in a CUDA graph (`--gemm-ceiling`,
+  gemm_ceiling.py);
+- memory-bound classes: Inductor's own byte count per generated kernel (`kernel_num_gb`, present
+  when compiled with `benchmark_kernel`: `benchmark_learner.py --kernel-bytes`; read by
+  `inductor_kernel_gb`) at the HBM rate, and, tighter, each counted kernel (`counted_kernels`) at
+  the time a plain copy of its bytes takes in a CUDA graph (`graph_copy_us`: a few-MB kernel pays
+  the copy's fixed cost, not bytes / HBM): `ms_at_size_ceilings`;
+- latency: a dependent kernel that does nearly nothing still takes `graph_kernel_us` in a CUDA
+  graph (`launch_floor_us`, and the iteration's `chain_floor_us`: W1's bound).
+The peaks are measured on the benchmark's GPU when it ran with --kernel-bytes (`measure_peaks`),
+else the datasheet's. Vendor kernels other than GEMMs have no byte count.
 
     python experiments/bench/roofline.py --input results/learner_benchmark/benchmark_learner_side_by_side_W3_W4.json \\
         --variant ours_graph --output results/roofline/roofline_W3_W4.json --plot results/roofline/roofline_W3_W4.png

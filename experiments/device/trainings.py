@@ -11,7 +11,6 @@ with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patch
 `flashsac-opt unilab apply`. Each training gets a --time-limit: its expected start-up (launch
 to first update) plus an equal share of the iteration time left, so a slow run is cut, not
 lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
---cpu-rehearsal: a tiny CPU run (16 envs, eager, the CPU-admitting patch) of the same steps.
 --no-eval: no stock eval at the end (its share goes to the trainings). --stop-at-reward R: each
 training stops once its 20-iteration mean reward reaches R (time to reward needs no more).
 --throwaway: the first RUN only warms the host (OS file cache); its JSON stays under WORK. A run at other than
@@ -114,7 +113,7 @@ def series_digest() -> str:
     return digest.hexdigest()
 
 
-def prepare_copies(root: Path, cpu: bool, names: tuple[str, ...]) -> tuple[Path, Path]:
+def prepare_copies(root: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
     """Stock and patched copies of the installed unilab package, with placeholder meshes; only
     the ``names`` a call's trainings run (each copy costs ~35 s on a fresh machine, its H2D
     extension 21-23 s of it: 2026-12-02)."""
@@ -137,12 +136,9 @@ def prepare_copies(root: Path, cpu: bool, names: tuple[str, ...]) -> tuple[Path,
                 shutil.copytree(info, site / info.name)
             subprocess.run(cli("unilab", "placeholder-meshes", "--root", str(site / "unilab")), check=True)
             if name == "patched":
-                subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), *(["--with-cpu-smoke"] if cpu else [])), check=True)
-            elif cpu:  # stock UniLab refuses CPU off-policy training: the stock copy gets that admission alone
-                subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), "--patch", "0002-cpu-offpolicy-smoke"), check=True)
-            if not cpu:
-                state, seconds = prebuild_native_extension(site)
-                print(f"UniLab's native H2D extension for the {name} copy: {state} in {seconds:.1f} s (before any timed training)", flush=True)
+                subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab")), check=True)
+            state, seconds = prebuild_native_extension(site)
+            print(f"UniLab's native H2D extension for the {name} copy: {state} in {seconds:.1f} s (before any timed training)", flush=True)
             ready.write_text(series_digest())
     return root / "stock", root / "patched"
 
@@ -202,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-s", type=_cold_warm, metavar="COLD,WARM",
                         help="expected launch -> first update of this call's runs, cold and warm (default: STARTUP_S), e.g. for "
                              "a configuration that starts slower (UniLab's CPU carrier: 216 s cold)")
-    parser.add_argument("--cpu-rehearsal", action="store_true", help="tiny CPU run of the same steps (not a measurement)")
     parser.add_argument("--no-eval", action="store_true", help="skip the stock eval of the last flashsac_opt checkpoint")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override for every training (repeatable)")
     parser.add_argument("--stop-at-reward", type=float, metavar="R", help="stop each training once its 20-iteration mean reward reaches R")
@@ -211,10 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.time_limit
     runs = parse_runs(args.runs, args.updates, args.startup_s)
-    if args.cpu_rehearsal:
-        args.envs, args.batch, args.iterations = 16, 32, min(args.iterations, 4)
-        for r in runs:
-            r["mode"] = "eager" if r["mode"] == "graph" else r["mode"]
     copies = args.work.parent / "unilab"
     stock, patched = copies / "stock", copies / "patched"
     if not args.dry_run:
@@ -222,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         # the stock copy runs stock trainings and plays the last flashsac_opt checkpoint (stock eval)
         needs_stock = any(r["learner"] != "flashsac_opt" for r in runs) or (ours and not args.no_eval)
         wanted = (("stock",) if needs_stock else ()) + (("patched",) if ours else ())
-        stock, patched = prepare_copies(copies, args.cpu_rehearsal, wanted)
+        stock, patched = prepare_copies(copies, wanted)
         (args.work / "raw").mkdir(parents=True, exist_ok=True)
         args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)  # the training script puts its UniLab copy and the repository first on the path
@@ -234,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         fixed = sum(x["startup"] for x in runs[i:])
         left = deadline - time.monotonic() - planned
         eval_s = 0 if args.no_eval else EVAL_S
-        share = int(r["startup"] + (left - eval_s - SHUTDOWN_S * n - fixed) / n) if not args.cpu_rehearsal else 40
+        share = int(r["startup"] + (left - eval_s - SHUTDOWN_S * n - fixed) / n)
         tag = run_tag(r["u"], args.batch, args.envs, args.replay_buffer_n, args.name_tag)
         name = f"training_{tag}_{r['learner']}_{r['mode']}_s{r['seed']}"
         root = patched if r["learner"] == "flashsac_opt" else stock
