@@ -1,36 +1,29 @@
 """Real UniLab FlashSAC training (MuJoCo or Motrix) with UniLab's or flashsac_opt's learner.
 
-Runs UniLab's own `train --algo flashsac` (its live Rich panel stays on the terminal), then
-reads the run's TensorBoard events and writes JSON:
-
-- rows_all: every iteration's wall_s (since launch), learner_train_ms (UniLab's Perf/learning_time: update phase,
-  metrics read and stream sync), collector_cycle_ms (the collector's cycle phases, as UniLab's
-  panel sums them), iter_ms (Perf/iteration_time: runner iteration wall time) and reward;
-- rows: the summarized tail (--summary-last N, or all after --skip-first N);
-- learner_train_ms / collector_cycle_ms / iter_ms: mean, median, p90, p95 over `rows`;
-- training_config: critic, actor and temperature updates per iteration; environment; command;
-- startup_timeline (flashsac_opt's learner only): seconds from launch to the learner's
-  construction, its start-up compile, the first update's start and end;
-- startup_stacks (--stack-samples S): per Python process of the training, where its main thread
-  spent the time until the first update, from stack samples every S seconds.
+Runs UniLab's own `train --algo flashsac` (its live Rich panel stays on the terminal), then reads
+the run's TensorBoard events and writes JSON: rows_all (every iteration's wall_s since launch,
+learner_train_ms = UniLab's Perf/learning_time, collector_cycle_ms = its cycle phases summed as
+its panel does, iter_ms = Perf/iteration_time, reward); rows, the summarized tail (--summary-last
+N, or all after --skip-first N), with mean / median / p90 / p95 of each timing; training_config;
+environment; command; for flashsac_opt's learner startup_timeline (seconds from launch to its
+construction, start-up compile, first update); with --stack-samples S startup_stacks (where each
+Python process of the training spent its time until the first update).
 
     python experiments/benchmark_flashsac_training.py --learner flashsac_opt --mode graph \\
         --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
         --output results/trainings/training_u8_b256_flashsac_opt_graph_s1.json
 
-`--time-limit SECONDS` interrupts the training as Ctrl-C would (UniLab shuts down cleanly and
-keeps its events) and summarizes the iterations logged so far, at most their second half
-(`stopped_by_time_limit`, `iterations_logged` in the JSON; a run stopped before its first
-update still writes its JSON, with no rows, and exits 2); `--save-interval N` checkpoints
-every N iterations so a stopped run still leaves one. `--stop-at-reward R` interrupts it the
-same way once the 20-iteration moving mean of Train/mean_reward reaches R (time to reward needs
-nothing after that; `stopped_at_reward` in the JSON): the events are polled every few seconds,
-so it runs on a few iterations past the crossing.
+--time-limit S interrupts the training as Ctrl-C would (UniLab shuts down cleanly and keeps its
+events) and summarizes what was logged, at most its second half (`stopped_by_time_limit`; a run
+stopped before its first update writes its JSON with no rows and exits 2); --save-interval N
+checkpoints so a stopped run still leaves one. --stop-at-reward R stops it the same way once the
+20-iteration moving mean of Train/mean_reward reaches R (`stopped_at_reward`; events are polled
+every few seconds, so it runs a few iterations past the crossing).
 
 `--learner flashsac_opt` needs a patched UniLab (`flashsac-opt unilab apply [--root PATH]`).
-`--compile` (default) runs each learner's best mode (UniLab: its default whole-cycle graph;
-flashsac_opt: graph); `--no-compile` is the deferred-eager baseline; `--mode` picks exactly.
-Without CUDA the run uses the CPU (needs `flashsac-opt unilab apply --with-cpu-smoke`).
+`--compile` (default) runs each learner's best mode (UniLab: its whole-cycle graph; flashsac_opt:
+graph); `--no-compile` the deferred-eager baseline; `--mode` picks exactly. Without CUDA the run
+uses the CPU (needs `flashsac-opt unilab apply --with-cpu-smoke`).
 """
 
 from __future__ import annotations

@@ -18,10 +18,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-# A training's JSON report (benchmark_flashsac_training.py) holds every iteration's row: 0.4-1.8 MB.
-# results/ keeps them gzip-compressed (`gzip -9n`, ~4x smaller): the whole working tree travels to
-# the GPU machine with every call, within 64 MiB. Readers take either form; a report is named by
-# its .json name either way, so summaries do not change when their inputs are compressed.
+# A training's JSON report holds every iteration's row (0.4-1.8 MB): results/ keeps them gzip-compressed
+# (`gzip -9n`), as the working tree travels to the GPU machine with every call. Readers take either
+# form; a report is named by its .json name either way.
 TRAINING_REPORTS = ("training_*.json", "training_*.json.gz")
 
 
@@ -175,10 +174,9 @@ def load_replay_file(parser: argparse.ArgumentParser, path) -> dict:
 
 
 def sigint_default_in_child() -> Callable[[], None] | None:
-    """A preexec_fn that gives a child SIGINT's default disposition, or None when this process's
-    SIGINT is not ignored. Started as a background job of a non-interactive shell (`nohup ... &`)
-    a process has SIGINT ignored and its children inherit that: the stop at a limit, SIGINT first
-    so that a script saves what it has, would fall through to the harder signals."""
+    """A preexec_fn giving a child SIGINT's default disposition, or None when this process's SIGINT
+    is not ignored (a background job of a non-interactive shell has it ignored, and so would its
+    children: the stop at a limit, SIGINT first so a script saves, would fall through)."""
     if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
         return None
     return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -1,22 +1,17 @@
 """Time to reward in real G1 training: stock UniLab 1.5.2 against UniLab patched with flashsac_opt.
 
-What a UniLab user waits for is the wall clock from `train` to a policy that walks. Per run
-(a JSON that experiments/benchmark_flashsac_training.py wrote): launch -> first learner update,
-learner and iteration ms (median, p90) over the last N logged iterations, and the seconds from
-launch to the first iteration whose 20-iteration moving mean of Train/mean_reward reaches each
-threshold (null: not within the run; the run's iteration count and whether its time limit cut it
-say how far it got). Runs are grouped by configuration (learner, mode, updates per step, batch,
-envs), seeds inside; per group the median over seeds. A time-to-reward claim needs at least
-MIN_SEEDS seeds: a group with fewer says so.
+What a UniLab user waits for is the wall clock from `train` to a policy that walks. Per run (a
+benchmark_flashsac_training.py JSON): launch -> first learner update, learner and iteration ms
+(median, p90) over the last N logged iterations, and the seconds from launch to the first
+iteration whose 20-iteration moving mean of Train/mean_reward reaches each threshold (null: not
+within the run; its iteration count and whether its time limit cut it say how far it got). Runs
+are grouped by configuration (GROUP_KEY), seeds inside, with the median over seeds; a group with
+fewer than MIN_SEEDS seeds says it supports no claim. The trainings come from
+experiments/device/trainings.py (on the GPU: runs.toml's ttr_* runs); the matrix of 2026-12-01/02
+(results/time_to_reward/) was planned by this script's `plan` command, in git up to 2f362b4.
 
     python experiments/time_to_reward.py summarize results/trainings/ \\
         --output results/time_to_reward/time_to_reward.json --plot results/time_to_reward/time_to_reward.png
-
-The trainings come from experiments/device/trainings.py (on the GPU: experiments/device/runs.toml's
-time-to-reward runs, e.g. ttr_u64_1gpu_patched_mps). The matrix of 2026-12-01/02 (stock vs
-patched, seeds 1-3, 8/32/64/128 updates per step at 256 envs and batch 256, UniLab's G1 default
-at 4096 envs / batch 2048 x 8; results/time_to_reward/) was planned by this script's `plan`
-command, in git up to commit 2f362b4.
 """
 
 from __future__ import annotations
@@ -196,12 +191,9 @@ def band(curves: list[tuple[np.ndarray, np.ndarray]], grid_points: int) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    """Reward (moving mean) against the wall clock, one colour per training setting (updates,
-    batch, envs, replay, carrier, GPU sharing), stock dashed and patched solid. Left: since
-    launch, each seed its own line (start-up included; cold and warm starts differ by a minute,
-    so seeds hardly overlap there and a band would be one run). Right: since each run's first
-    update, the mean where all seeds run and the min-max band over them (`band`): the spread of
-    the training itself."""
+    """Reward (moving mean) against the wall clock, a colour per setting, stock dashed, patched
+    solid. Left: since launch, a line per seed (cold and warm starts differ by a minute: seeds hardly
+    overlap). Right: since each run's first update, the seeds' `band`: the training's own spread."""
     import matplotlib
 
     fig, (launch_ax, update_ax) = plotting.subplots(1, 2, figsize=(16, 7), sharey=True)
@@ -238,9 +230,8 @@ def plot(report: dict, path: Path) -> None:
 
 
 def markdown_table(report: dict) -> str:
-    """The groups as a Markdown table (a results README's matrix): per configuration the medians
-    over seeds, how many seeds reached each threshold, the range of the seeds' best moving means
-    and the seeds a time limit cut short of the highest threshold (their "not reached" is a bound)."""
+    """The groups as a Markdown table: medians over seeds, seeds that reached each threshold, the
+    seeds' best moving means, and the seeds a time limit cut short (their "not reached" is a bound)."""
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     runs = {r["file"]: r for r in report["runs"]}
     head = ["configuration", "seeds", "launch -> first update (s)", "learner (ms)", "iteration (ms)",

@@ -15,19 +15,16 @@ Variants (each driven as UniLab's runner drives it, one learner iteration at a t
 
 Workloads: bench/workloads.py (W1-W4), synthetic batches sampled on the GPU from a GPU-resident pool.
 
-Every cell is timed before any is profiled (torch.profiler leaves CUPTI attached and slows
-later launches); kernel counts come from a second pass over the same learners.
+Timed per iteration (host clock): update phase + metrics read (D2H) + stream synchronize, the
+batch already sampled. Cold start: construction to the end of the first iteration (compile and
+capture). Every cell is timed before any is profiled (torch.profiler leaves CUPTI attached and
+slows later launches); kernels per iteration (torch.profiler's CUDA kernel events) and launches
+(host-side launch API calls) come from a second pass over the same learners.
 
-With --prewarm N every cell is first compiled in a process of its own, N at a time, on the
-same Inductor cache; the timed pass then compiles from that cache (UniLab's max-autotune
-compile alone takes ~190 s a workload on the H200, which would leave one call two workloads).
-The prewarm processes' cold starts are kept (`prewarm`): upper bounds, since they share the
-CPUs and the GPU; the timed cells' `cold_start_s` is then a warm-cache start.
-
-Timed per iteration (host clock): update phase + metrics read (D2H) + stream synchronize,
-the batch already sampled and synchronized. Cold start: construction to the end of the first
-iteration (compile and capture included). Kernels per iteration: torch.profiler CUDA kernel
-events over a few iterations; launches: host-side kernel/graph launch API calls.
+--prewarm N: every cell is first compiled in a process of its own, N at a time, on the same
+Inductor cache (UniLab's max-autotune compile alone takes ~190 s a workload on the H200); the
+timed cells then start warm, and the prewarm processes' cold starts are kept (`prewarm`: upper
+bounds, as they share the CPUs and the GPU).
 
     python experiments/bench/benchmark_learner.py --output results/learner_benchmark/benchmark_learner.json \\
         --plot results/learner_benchmark/benchmark_learner.png

@@ -1,26 +1,18 @@
 """Data-parallel flashsac_opt on 1/2/4/8 GPUs: ms per iteration, scaling, replay traffic.
 
-Each world size N runs as N spawned processes (NCCL on CUDA, gloo on CPU). Every rank owns
-a rank-local GPUReplay filled with synthetic G1-shaped rows and runs the learner in graph
-mode by default, sampling inside the captured iteration; the gradient buckets are averaged
-across ranks inside the same graph (flashsac_opt/data_parallel.py).
-
-Weak scaling: each rank keeps the workload's batch, so the global batch grows with N.
-  scaling_efficiency = t(1) / t(N)      (1.0 = the collectives cost nothing)
-  collective_share   = (t(N) - t(1')) / t(N)   (collective_ms_per_iteration = t(N) - t(1'))
-t(1) is the best single-GPU learner (compile/graph modes fuse each loss, backward and step
-into one compiled function); a data-parallel learner cannot fuse (the all-reduce sits between
-backward and step), so t(1') is a single GPU on the data-parallel code path without the
-collective (``fused_update=False``, world 1). Without that cell (eager mode, or
---no-unfused-baseline) t(1') = t(1).
-Replay traffic per iteration (seed 003 Tier 2): rows and bytes each rank samples (on its own
-GPU: no H2D), the global sum, the bytes each rank all-reduces, and the global sample:new
-ratio against one collector writing --new-rows rows per iteration (2048: motion tracking).
---grad-sync unilab|both (issue 19: UniLab's gradient all-reduce or flashsac_opt's own averager,
-whichever is faster in graph mode): the multi-rank cells average the gradient with UniLab 1.5.2's
-DpParameterSync.allreduce_gradients (its pack, all-reduce, divide, unpack), and the loss, BN
-running statistics and entropy, which the ranks must also agree on, in a second all-reduce; the
-default is flashsac_opt's one bucket per network update. U64 is the G1 training's update shape.
+Each world size N runs as N spawned processes (NCCL on CUDA, gloo on CPU), each rank with its
+own GPUReplay of synthetic G1-shaped rows, the learner in graph mode by default sampling inside
+the captured iteration and averaging the gradient buckets across ranks inside the same graph
+(flashsac_opt/data_parallel.py). Weak scaling: each rank keeps the workload's batch.
+  scaling_efficiency = t(1) / t(N);  collective_share = (t(N) - t(1')) / t(N)
+t(1): the best single-GPU learner (fused loss, backward and step); t(1'): one GPU on the
+data-parallel code path without the collective (``fused_update=False``, world 1: the all-reduce
+sits between backward and step); without that cell (eager, --no-unfused-baseline) t(1') = t(1).
+Replay traffic per iteration: rows and bytes each rank samples (on its own GPU: no H2D), the bytes
+it all-reduces, and the global sample:new ratio against one collector writing --new-rows rows.
+--grad-sync unilab|both (issue 19): the multi-rank cells average the gradient with UniLab 1.5.2's
+DpParameterSync.allreduce_gradients, and the loss, BN statistics and entropy in a second
+all-reduce; the default is flashsac_opt's one bucket per update. U64: the G1 training's shape.
 
     python experiments/bench/benchmark_multigpu.py --nproc 1 2 4 8 --workloads W3 W4 \\
         --output results/multigpu/benchmark_multigpu.json --plot results/multigpu/benchmark_multigpu.png

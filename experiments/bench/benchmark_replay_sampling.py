@@ -1,20 +1,13 @@
 """Replay placement microbenchmark (seed 003, Tier 1): host sample + H2D vs sampling on the GPU.
 
-Workload (motion tracking, the seed's main case): packed rows of 930 float32 (3,720 B; obs 160,
-action 29, critic 289), 32,768 rows sampled per learner iteration (batch 8,192 x 4 updates),
-ring capacities 2^20 ... 2^26 rows as memory allows (skipped sizes are listed with the reason).
-
-Columns, each timed --repeat times after --warmup (median, p90, mean; ms):
-- cpu_sample: torch.randint + index_select into a pinned staging buffer (host clock);
-- h2d: the staging buffer to the GPU (CUDA events);
-- cpu_sample_h2d: both, end to end (host clock, synchronized);
-- gpu_sample: indices drawn on the GPU + index_select from the GPU ring (CUDA events);
-- gpu_sample_graph: the same captured once in a CUDA graph and replayed (CUDA events);
-- speedup: cpu_sample_h2d / gpu_sample and / gpu_sample_graph (medians).
+Workload (motion tracking): packed rows of 930 float32 (3,720 B; obs 160, action 29, critic 289),
+32,768 rows sampled per learner iteration (batch 8,192 x 4 updates), ring capacities 2^20 ... 2^26
+rows as memory allows (skipped sizes listed with the reason). Columns (median, p90, mean ms over
+--repeat after --warmup): cpu_sample (randint + index_select into a pinned buffer, host clock),
+h2d (CUDA events), cpu_sample_h2d (both, host clock), gpu_sample (indices and index_select on the
+GPU, CUDA events), gpu_sample_graph (the same replayed from a CUDA graph), and the speedups.
 
     python experiments/bench/benchmark_replay_sampling.py --output results/replay_sampling/replay_sampling.json \\
-        --plot results/replay_sampling/replay_sampling.png
-    python experiments/bench/benchmark_replay_sampling.py --plot-only results/replay_sampling/replay_sampling.json \\
         --plot results/replay_sampling/replay_sampling.png
 """
 

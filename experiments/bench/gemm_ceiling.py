@@ -1,18 +1,14 @@
 """The GEMM class's own ceiling: one learner iteration's GEMMs alone, back to back in a CUDA graph.
 
-The roofline map (roofline.py) puts the GEMM class's floor at the dense bf16 peak of an 8192^3
-GEMM. The learner's GEMMs are far smaller (1024-wide layers, a few thousand rows, members of a
-batched ensemble), and cuBLAS does not reach that peak on them whatever runs around them. This
-records every GEMM one eager iteration dispatches (`RecordGemms`: aten mm / addmm / bmm / baddbmm
-with their operands' shapes, strides and dtypes, the bf16 autocast casts already applied,
-backward included), replays exactly those calls on fresh operands of the same layout, captured
-in one CUDA graph in the iteration's order, and times the replay: what the GEMM class costs
-with nothing between its kernels, the ceiling of any remedy that keeps these GEMMs.
+The learner's GEMMs are far smaller than the 8192^3 one of the bf16 peak, and cuBLAS does not reach
+that peak on them whatever runs around them. This records every GEMM one eager iteration dispatches
+(`RecordGemms`: aten mm / addmm / bmm / baddbmm with their operands' shapes, strides and dtypes,
+autocast applied, backward included), replays exactly those calls on fresh operands of the same
+layout captured in one CUDA graph, and times the replay: the ceiling of any remedy that keeps these
+GEMMs (roofline.py's --gemm-ceiling). Inductor's graphs call the same ATen GEMMs but may fold a
+transpose into the call and pad unaligned dims (--align 8 replays that too).
 
     python experiments/bench/gemm_ceiling.py --workloads W1 W2 W3 W4 --output /tmp/gemm_ceiling.json
-
-Inductor's graphs call the same ATen GEMMs (ATen backends, as the benchmarks compile), but may
-pick another operand layout (a transpose folded into the call): the replay is eager's layout.
 """
 
 from __future__ import annotations

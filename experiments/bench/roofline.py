@@ -20,8 +20,7 @@ else the datasheet's. Vendor kernels other than GEMMs have no byte count.
     python experiments/bench/roofline.py --input results/learner_benchmark/benchmark_learner_side_by_side_W3_W4.json \\
         --variant ours_graph --output results/roofline/roofline_W3_W4.json --plot results/roofline/roofline_W3_W4.png
 
-A benchmark JSON from before `kernel_classes` was recorded has only its 40 longest kernels per
-cell: the table then covers their share of the kernel time (`coverage`), said in the JSON.
+An older benchmark JSON (no `kernel_classes`) has its 40 longest kernels only: `coverage` says their share.
 """
 
 from __future__ import annotations
@@ -307,10 +306,8 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
             r["launch_floor_us"] = r["kernels"] * peaks["graph_kernel_us"]
         # no iteration of these kernels, run one after another, is shorter than their count's floor
         chain = {"chain_floor_us": sum(r["kernels"] for r in rows) * peaks["graph_kernel_us"]}
-    # Every kernel with a count at its class's ceiling (GEMMs at the bf16 peak, counted bytes at the
-    # HBM rate, none under the graph-kernel latency), the rest as measured: what faster kernels
-    # alone can give, as far as the counts reach. Below it: fewer bytes or FLOPs, or the kernels
-    # without a count (ambiguous names, vendor kernels other than GEMMs) faster.
+    # Every counted kernel at its class's ceiling (GEMMs at the bf16 peak, bytes at the HBM rate, none
+    # under the graph-kernel latency), the rest as measured: what faster kernels alone can give.
     above_floor = {}  # class: its counted kernels' time above their ceiling
     for r in rows:
         counted = 1.0 if r is gemm else r.get("gb_covered_share", 0.0)
@@ -318,11 +315,8 @@ def table(cell: dict, counts: dict[str, float], peaks: dict[str, float] = H200_P
             floor = max(r["floor_us"], r.get("launch_floor_us", 0.0) * counted)
             above_floor[r["class"]] = max(r["us"] * counted - floor, 0.0)
     above_floor_us = sum(above_floor.values())
-    # The tighter bound where the benchmark kept each counted kernel (counted_kernels) and the
-    # peaks hold a copy kernel's time by size: each memory-bound kernel at the time a plain copy
-    # of its bytes takes (a small kernel pays the copy's fixed cost, not bytes / HBM), the GEMMs at
-    # their time alone where measured (else at the peak or the launch floor, as above), the rest
-    # as measured. Below it: fewer kernels or fewer bytes, not faster ones.
+    # Tighter, where the benchmark kept each counted kernel and the peaks hold the copy curve: each
+    # memory-bound kernel at a plain copy of its bytes, the GEMMs alone where measured (else as above).
     sized = {}
     curve, per_kernel = peaks.get("copy_us_by_bytes"), cell.get("counted_kernels")
     if curve and per_kernel:

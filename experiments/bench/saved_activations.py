@@ -1,21 +1,14 @@
 """What the split-form backward keeps from the forward: the saved activations' bytes by dtype.
 
-Issue 18 asks for bf16 saved activations and for recomputation where it is cheaper than a
-read. This answers the first question and sizes the second without a GPU: the learner's split
-form (W3/W4, above ``FUSED_UPDATE_MAX_BATCH`` rows) goes through AOTAutograd, whose
-min-cut partitioner (the one Inductor uses) decides what the forward saves. A recording
-backend (flashsac_opt/testing/saved_tensors.py) runs that partitioner on the learner's own compiled losses under bf16 autocast (CPU
-autocast; this model's ops fall in the same autocast classes on CUDA: GEMMs to bf16,
-log_softmax to fp32, the hand-written BatchNorm and activations follow their inputs, so a
-bf16 GEMM output times the fp32 BN affine is fp32) and lists every saved tensor of each
-backward graph: shape, dtype, bytes, and the GEMMs in forward and backward (a backward with
-more GEMMs recomputes some). Each workload is run with torch's default partition, then with
-the learner's ``activation_memory_budget`` (knapsack recomputation), then with
-``relu_in_autocast_dtype`` (the up projections' ReLU on the rounded BN output).
-
-Bytes are per update (one loss graph's forward), per network loss. Nothing here times
-anything: the result is the bytes the backward reads back, which bound what recomputation
-could save (results/roofline: at W4 BN and activation kernels run near HBM rate).
+Without a GPU: the learner's split form (W3/W4, above ``FUSED_UPDATE_MAX_BATCH`` rows) goes
+through AOTAutograd, whose min-cut partitioner (Inductor's) decides what the forward saves. A
+recording backend (flashsac_opt/testing/saved_tensors.py) runs that partitioner on the learner's
+compiled losses under bf16 autocast (on the CPU; this model's ops fall in the same autocast
+classes on CUDA) and lists every saved tensor of each backward graph (shape, dtype, bytes) and
+the GEMMs in forward and backward (a backward with more recomputes some). Each workload runs with
+torch's default partition, the learner's ``activation_memory_budget`` (knapsack recomputation) and
+``relu_in_autocast_dtype``. Bytes are per update and network loss: what the backward reads back,
+which bounds what recomputation could save. Nothing is timed.
 
     python experiments/bench/saved_activations.py --workloads W3 W4 --output results/roofline/saved_activations_W3_W4_cpu.json
 """

@@ -1,28 +1,20 @@
 """Graph-mode learner before and after a code change, on one GPU, in one device run.
 
-Each side is a tree with its own benchmark_learner.py (before: an earlier commit's code,
-extracted into .baseline/ by `run.py --prepare-baseline COMMIT`; after: the working tree),
-run in processes of its own, alternating on the same GPU:
-
-1. a short throwaway compile, so that the files torch and Triton read during a compile are in
-   the OS file cache before the first cold start (else the first side alone pays for them);
-2. cold: one fresh process per workload and side with an EMPTY Inductor and Triton cache
-   (the side that goes first alternates by workload: before W1, after W1, after W3, before W3);
-   with --cold-pairs N, N such processes per workload and side, the first side alternating, and
-   the median reported; `cold_start_s` is construction to the end of the first iteration: compile and capture; then,
-   as in every process, timed iterations and torch.profiler kernel counts (the benchmark's own
-   order: every timing before any profile);
-3. warm: rounds of one fresh process per workload and side; a round's first side alternates
-   (after first, then before first, ...); as many rounds as --rounds and the time limit allow.
-   With --warm-cache shared (the default) both sides' warm processes run on one cache per
-   workload, a copy of the before side's cold cache: Inductor's autotuning picks launch configs
-   by timing them during a cold compile, so two cold compiles of one graph can differ in a
-   kernel's speed; on one cache both sides run the same compiled kernels, and an after-side
-   process that misses nothing in it (compile_cache_counters) compiled identical graphs;
-4. compare: per workload, median and p90 ms (the median over a side's warm processes of each
-   process's value; the cold processes' where no warm one ran), after/before ratios, kernels
-   per iteration, cold start, and the spread of one side's process medians (the noise a ratio
-   must beat).
+Each side is a tree with its own benchmark_learner.py (before: an earlier commit's code in
+.baseline/, from `run.py --prepare-baseline COMMIT`; after: the working tree), run in processes
+of its own, alternating on the same GPU:
+1. a throwaway compile, so the files a compile reads are in the OS file cache before any cold start;
+2. cold: per workload and side a fresh process on an EMPTY Inductor and Triton cache, the first
+   side alternating by workload (before W1, after W1, after W3, before W3); --cold-pairs N: N such
+   processes, the median reported. `cold_start_s`: construction to the end of the first iteration;
+3. warm: rounds of one fresh process per workload and side, a round's first side alternating, as
+   many as --rounds and the time limit allow. --warm-cache shared (default): both sides on one
+   copy of the before side's cold cache, so they run the same autotuned kernels (two cold compiles
+   of one graph can pick different launch configs), and an after-side process that misses nothing
+   in it (compile_cache_counters) compiled identical graphs;
+4. compare: per workload, the median over a side's warm processes (else its cold ones) of ms
+   median and p90, after/before ratios, kernels per iteration, cold start, and the spread of one
+   side's process medians (the noise a ratio must beat).
 
     python3 experiments/device/before_after.py run --work DIR --output FILE [--time-limit S] [--dry-run]
     python3 experiments/device/before_after.py compare RAW_DIR --output FILE

@@ -72,9 +72,8 @@ class Run:
     args: list[str] = field(default_factory=list)
     pytest: list[str] | None = None
     limit: int = 570
-    # skipped when the call leaves fewer seconds than this (0: MIN_LIMIT_S), to be listed again in
-    # the next call: a time-to-reward seed started on a short share is cut before its reward and
-    # spends device time measuring nothing (2026-12-02: two G1-default seeds at 47 s and 113 s)
+    # skipped (for the next call) when the call leaves fewer seconds than this (0: MIN_LIMIT_S): a run
+    # started on a short share measures nothing (2026-12-02: two time-to-reward seeds cut at 47 and 113 s)
     min_limit: int = 0
     wheels: str = "none"
     env: dict[str, str] = field(default_factory=dict)

@@ -4,19 +4,14 @@ UniLab's `eval` on the last flashsac_opt run's checkpoint (stock UniLab plays ou
     python3 experiments/device/trainings.py --updates 2 --batch 256 --iterations 1000 --time-limit 580 \\
         --out DIR --work DIR unilab:graph flashsac_opt:graph
 
-RUN = [UN:]LEARNER:MODE[:SEED]: LEARNER unilab|flashsac_opt, MODE eager|compile|graph; UN (e.g. U8)
-overrides --updates for that run. Stock and patched UniLab are two copies of the installed
-unilab package under WORK/../unilab/ (made under a lock),
-with placeholder G1 meshes (`flashsac-opt unilab placeholder-meshes`); the patched copy gets
-`flashsac-opt unilab apply`. Each training gets a --time-limit: its expected start-up (launch
-to first update) plus an equal share of the iteration time left, so a slow run is cut, not
-lost; its JSON says how far it got. JSON goes to --out, full logs to WORK/raw/.
---no-eval: no stock eval at the end (its share goes to the trainings). --stop-at-reward R: each
-training stops once its 20-iteration mean reward reaches R (time to reward needs no more).
---throwaway: the first RUN only warms the host (OS file cache); its JSON stays under WORK. A run at other than
-256 envs has them in its name (training_u8_b2048_e4096_...), and one with another replay than
-seed 001's 32 its replay_buffer_n (..._r512_...), and --name-tag TAG for what an override changes
-(..._r512_cpu_carrier_...), so it never takes another run's name.
+RUN = [UN:]LEARNER:MODE[:SEED] (LEARNER unilab|flashsac_opt, MODE eager|compile|graph; UN, e.g.
+U8, overrides --updates). Stock and patched UniLab are copies of the installed unilab package
+under WORK/../unilab/ with placeholder G1 meshes, the patched one with `flashsac-opt unilab apply`.
+Each training's --time-limit is its expected start-up plus an equal share of the time left, so a
+slow run is cut, not lost (its JSON says how far it got). JSON to --out, logs to WORK/raw/.
+--throwaway: the first RUN only warms the OS file cache (its JSON stays under WORK). A run's name
+spells out envs other than 256 (training_u8_b2048_e4096_...), a replay other than seed 001's 32
+(..._r512_...) and --name-tag TAG (..._r512_cpu_carrier_...), so it never takes another's name.
 """
 
 from __future__ import annotations
@@ -74,19 +69,15 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "flashsac_opt.cli", *args]
 
 
-# UniLab's replay pipeline JIT-builds a C++ extension (torch.utils.cpp_extension.load) on a CUDA
-# host, 20-25 s. A user's install builds it once: build it for both copies, each in its own
-# folder (copy_env), before any measured training, so no start-up includes it (2026-12-01: the
-# patched copy's cold start carried 20.0 s of it, then 21.0 s with a prebuild in a shared folder).
+# UniLab's replay pipeline JIT-builds a C++ extension on a CUDA host (20-25 s); a user's install builds
+# it once, so it is built for each copy before any measured training (2026-12-01: a cold start carried it).
 NATIVE_EXTENSION = ("import sys; from unilab.rl.runtime.ipc.replay_pipelines.native_h2d import _try_load_extension; "
                     "sys.exit(0 if _try_load_extension() is not None else 3)")
 
 
 def copy_env(env: dict[str, str], site: Path) -> dict[str, str]:
-    """The environment of a process that runs the UniLab copy at ``site``: its own folder of
-    torch's JIT extensions. UniLab builds its native H2D extension under one name whatever the
-    copy, and the build file names the source by path, so with one shared folder each switch
-    between the stock and the patched copy rebuilt it (21 s inside a timed start, 2026-12-01)."""
+    """The environment of a process that runs the UniLab copy at ``site``: its own folder of torch's
+    JIT extensions (one shared folder rebuilt UniLab's at each switch of copy: 21 s in a timed start)."""
     return {**env, "TORCH_EXTENSIONS_DIR": str(site / "torch_extensions")}
 
 

@@ -1,22 +1,18 @@
-"""Run a command under a CUDA MPS control daemon of its own: issue 17's contention candidate.
+"""Run a command under a CUDA MPS control daemon of its own (issue 17's contention remedy).
 
-UniLab's collector is a separate process with its own CUDA context; without MPS the GPU
-time-slices between the learner's and the collector's contexts, and the collector's small ops
-wait for slices while the learner's captured iteration runs. Under MPS the contexts share the GPU
-through one server and their kernels can run side by side. UniLab's own switch
-(`training.cuda_process_sharing=mps`) accepts only its mjwarp backend in 1.5.2, but it also
-records, and works under, an *ambient* daemon reachable through CUDA_MPS_PIPE_DIRECTORY: that is
-what this script provides.
+UniLab's collector is a process with its own CUDA context; without MPS the GPU time-slices between
+it and the learner's, and the collector's small ops wait while the learner's captured iteration
+runs. Under MPS the contexts share the GPU through one server. UniLab 1.5.2's own switch
+(`training.cuda_process_sharing=mps`) accepts only its mjwarp backend, but it works under an
+*ambient* daemon reachable through CUDA_MPS_PIPE_DIRECTORY: this script provides one.
 
-By default it starts the daemon the way README's recipe does, through UniLab's own `uni-cumps
-start` / `env` / `stop` (run as `python -m unilab.training.cuda_mps_cli`: the device has no console
-scripts); where that fails (the report's `uni_cumps_error`) or with `--via direct`, it starts
-`nvidia-cuda-mps-control -d` itself. Either way with private pipe and log folders (a temporary folder,
-nothing system-wide); it runs the command with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set,
-asks the daemon which servers it started (`get_server_list`: a server means the command's CUDA
-contexts went through MPS), and always stops the daemon (`quit`). The GPU's compute mode and other
-settings are left as they are. Where the daemon cannot start (no binary, a sandbox without MPS),
-the command does not run: the report says why and the exit status is 3.
+It starts the daemon as README's recipe does, through UniLab's `uni-cumps start` / `env` / `stop`
+(`python -m unilab.training.cuda_mps_cli`: the device has no console scripts); where that fails
+(the report's `uni_cumps_error`) or with `--via direct`, with `nvidia-cuda-mps-control -d`. Either
+way with private pipe and log folders (nothing system-wide, the GPU's settings untouched); it runs
+the command with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set, asks which servers the
+daemon started (`get_server_list`: a server means the command's contexts went through MPS) and
+always stops it. Where no daemon can start, the command does not run: the report says why, exit 3.
 
     python3 experiments/device/with_mps.py --report OUT/mps.json -- python3 experiments/device/trainings.py ...
 

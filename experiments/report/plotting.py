@@ -1,9 +1,6 @@
-"""The experiments' shared figure code: matplotlib on the file-only Agg backend, saving,
-bars with value labels (single or grouped, on a log axis where values span decades), lines
-with a min/max band, and the parameter-drift panel of the numerics experiments.
-
-Every figure-making script draws through these, so a figure's look (fonts, grids, label
-formats, resolution) is decided here once."""
+"""The experiments' shared figure code (matplotlib on the file-only Agg backend): saving, bars
+with value labels (single or grouped, log axis), lines with a min/max band, the parameter-drift
+panel. A figure's look (fonts, grids, label formats, resolution) is decided here once."""
 
 from __future__ import annotations
 

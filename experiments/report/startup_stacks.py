@@ -1,21 +1,15 @@
-"""Where a training's start-up goes: periodic samples of the main-thread Python stack of
-UniLab's `train` and of every Python process it starts, without a profiler (the device machines
-have none).
+"""Where a training's start-up goes: periodic samples of the main-thread Python stack of UniLab's
+`train` and of every Python process it starts, without a profiler (the device machines have none).
 
 `enable(env, folder, interval_s, for_s)` puts a `sitecustomize.py` first on the training's
-PYTHONPATH. Every Python process the training starts (train itself, UniLab's collector
-processes, Inductor's compile workers, a compile-ahead child) imports it at start-up and runs a
-daemon thread that, every interval_s seconds for its first for_s seconds, reads the main
-thread's frames (`sys._current_frames`) and appends them with the time to
-FOLDER/stacks_<pid>.txt. The thread takes the GIL for each sample, so a sample is late while
-the main thread holds it in one long C call (the time written is when it was taken). (faulthandler's
-watchdog, which needs no GIL, was tried first: reading other threads' frames without the GIL
-crashed UniLab's collector process with SIGSEGV.)
-
-`summarize(folder, launched, until_s)` reads the samples taken before until_s seconds after
-launch and, per process, names each sample by its innermost UniLab / flashsac_opt frame and the
-library it was in below that (e.g. `unilab/envs/mdp/events.py:_bind_root_reset > torch/_dynamo`),
-and reports the seconds per name and the runs of consecutive samples with one name (segments).
+PYTHONPATH: every Python process the training starts (train, UniLab's collectors, Inductor's
+compile workers, a compile-ahead child) then runs a daemon thread that, every interval_s seconds
+for its first for_s seconds, appends the main thread's frames (`sys._current_frames`) and the time
+to FOLDER/stacks_<pid>.txt. A sample needs the GIL, so it is late while the main thread holds it
+in a long C call. (faulthandler's watchdog, which needs no GIL, crashed UniLab's collector.)
+`summarize(folder, launched, until_s)` names each sample by its innermost UniLab / flashsac_opt
+frame and the library below it (`unilab/envs/mdp/events.py:_bind_root_reset > torch/_dynamo`) and
+reports, per process, the seconds per name and its runs of consecutive samples (segments).
 An existing sitecustomize.py further down the path is shadowed while sampling is on.
 """
 

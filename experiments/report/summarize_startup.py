@@ -1,20 +1,12 @@
 """Launch -> first learner update of real UniLab trainings, one JSON: each run's first-update
 time (``rows_all[0].wall_s`` of benchmark_flashsac_training's JSON), learner and iteration
 medians, the Inductor cache at launch, and what the compile-ahead child reported in the
-training's log ("compile-ahead child done in X s; the first update waited Y s").
+training's log. A run that logged no iteration (NAME=-:ARCHIVE:MEMBER) keeps what its log says.
+Where the JSON has flashsac_opt's `startup_timeline`, the launch -> first update is split into
+PHASES (`phases_s`); with `startup_stacks` each process's five largest places; `--plot` draws the phases.
 
     python experiments/report/summarize_startup.py --run NAME=TRAINING.json[:LOG_ARCHIVE:MEMBER] ... \\
         --output results/startup/startup_summary.json
-
-A run whose training logged no iteration has no JSON: give it as NAME=-:ARCHIVE:MEMBER, and
-the summary keeps what its log says (the child's times, the time limit that stopped it).
-
-Where the training JSON has flashsac_opt's start-up milestones (`startup_timeline`), the summary
-splits the launch -> first update into phases (`phases_s`, PHASES): UniLab's start up to the
-learner's construction, from there to the start-up compile, the compile (and capture) itself,
-from its end (or from collection starting while a compile-ahead child compiles) to the first
-update (collector start, learning_starts), and the first update. With `startup_stacks`
-(--stack-samples) it keeps each process's five largest places. `--plot` draws the phases.
 """
 
 from __future__ import annotations

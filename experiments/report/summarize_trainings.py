@@ -9,11 +9,10 @@ without being stopped is marked: it crashed), whether the Inductor cache was war
 graph) run of the same updates, batch, seed and number of GPUs when one is among the inputs. A
 data-parallel run (UniLab's launch, one rank per visible GPU) says on how many GPUs it ran and,
 for flashsac_opt, whether its ranks ended bit-identical (the ranks' end-state digests). Writes JSON and
-a markdown table; with --plot, a bar chart of learner ms per configuration.
+a markdown table.
 
     python experiments/report/summarize_trainings.py results/trainings/training_*.json \\
-        --output results/trainings/summary.json --markdown results/trainings/summary.md \\
-        --plot results/trainings/summary.png
+        --output results/trainings/summary.json --markdown results/trainings/summary.md
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, report.plotting
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
 from common import read_json, report_name, write_report  # noqa: E402
-from report import plotting  # noqa: E402
 
 REFERENCE = ("unilab", "graph")  # stock UniLab's default learner
 
@@ -111,27 +109,11 @@ def markdown(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[dict], path: Path) -> None:
-    labels = [f"U{r['updates_per_step']} B{r['batch_size']}" + (f" x{r['gpus']} GPUs" if r["gpus"] > 1 else "")
-              + f"\n{r['learner']} {r['mode']} s{r['seed']}" for r in runs]
-    values = [r["learner_ms_median"] or 0.0 for r in runs]
-    fig, ax = plotting.subplots(figsize=(max(8, 1.6 * len(runs)), 4.5))
-    plotting.bars(ax, range(len(runs)), values, [f"{v:.2f}" for v in values],
-                  color=["#444444" if r["learner"] == "unilab" else "#08519c" for r in runs])
-    ax.set_xticks(range(len(runs)))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("learner ms / iteration (median)")
-    ax.set_title("G1 walk flat, MuJoCo: learner time per iteration in real training (UniLab Perf/learning_time)", fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    plotting.save(fig, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="+", type=Path, help="benchmark_flashsac_training.py JSON files")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
-    parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
     runs = []
     for path in args.reports:
@@ -145,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
     write_report({"experiment": "summarize_trainings", "reference": "/".join(REFERENCE), "runs": runs}, args.output)
     if args.markdown:
         args.markdown.write_text(table)
-    if args.plot:
-        plot(runs, args.plot)
     print(table, end="")
     return 0
 
