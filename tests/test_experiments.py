@@ -679,11 +679,11 @@ def test_benchmark_records_why_aotautograd_bypassed_its_cache(tmp_path, monkeypa
 
 def module_files(root: Path, others: list[Path] = ()) -> dict[str, Path]:
     """{dotted name: file} of the .py files under root (a package by its __init__.py), but for
-    those under another root inside it and hidden folders (.venv)."""
+    those under another root inside it, hidden folders (.venv) and build outputs (build/, dist/)."""
     found = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
-        if any(p.startswith(".") or not p.isidentifier() for p in parts[:-1]) or any(
+        if any(p.startswith(".") or not p.isidentifier() or p in ("build", "dist") for p in parts[:-1]) or any(
                 o != root and o.is_relative_to(root) and path.is_relative_to(o) for o in others):
             continue
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
