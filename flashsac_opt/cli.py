@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.learner import FlashSACLearner
 
 
 def _version(dist: str) -> str | None:
@@ -213,7 +213,7 @@ def precompile(args: argparse.Namespace) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from flashsac_opt import compile_ahead
-    from flashsac_opt.config import FlashSACConfig
+    from flashsac_opt.config import UNILAB_RUN_DEFAULTS, FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
     from flashsac_opt.unilab.adapter import unilab_compile_cache_file
 
@@ -223,11 +223,9 @@ def precompile(args: argparse.Namespace) -> int:
     try:
         with initialize_config_dir(config_dir=str(config.resolve().parent), version_base=None):
             composed = compose(config.stem, overrides=list(args.overrides))
-        params = composed.get("algo", {}).get("algo_params", {}) or {}
-        # What patch 0001 passes when the config has no such key: graph mode; the adapter then
+        # What patch 0001 passes where the config has no value (graph mode); the adapter then
         # resolves the cache file (the keyed default unless a path or "off" is configured).
-        mode = params.get("learner_mode") or "graph"
-        cfg = FlashSACConfig.from_unilab(composed, learner_mode=mode)
+        cfg = FlashSACConfig.from_unilab(composed, defaults=UNILAB_RUN_DEFAULTS)
         cfg = cfg.replace(compile_cache_file=unilab_compile_cache_file(cfg.compile_cache_file))
         if cfg.compile_cache_file is None:
             raise ValueError("algo.algo_params.compile_cache_file is off: there is no file to write")
@@ -236,13 +234,13 @@ def precompile(args: argparse.Namespace) -> int:
         print(f"refused: {_one_line(exc)}", file=sys.stderr)
         return 2
     if not learner.engine.compiled:
-        print(f"refused: learner_mode={cfg.learner_mode} compiles nothing, so there is nothing to cache", file=sys.stderr)
+        print(f"refused: learner_mode={learner.engine.mode} compiles nothing, so there is nothing to cache", file=sys.stderr)
         return 2
     report = compile_ahead.precompile(learner)
     seconds = time.perf_counter() - start
-    what = f"learner_mode={cfg.learner_mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {report['device']}"
+    what = f"learner_mode={learner.engine.mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {report['device']}"
     if args.report:
-        _write_precompile_report(Path(args.report), report, seconds, cfg, args)
+        _write_precompile_report(Path(args.report), report, seconds, learner, args)
     if report["compile_cache_loaded"]:
         print(f"already warm: loaded {report['compile_cache_file']} ({what}); nothing written; {seconds:.1f} s")
         return 0
@@ -257,20 +255,20 @@ def precompile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_precompile_report(path: Path, report: dict, seconds: float, cfg: FlashSACConfig, args: argparse.Namespace) -> None:
+def _write_precompile_report(path: Path, report: dict, seconds: float, learner: "FlashSACLearner", args: argparse.Namespace) -> None:
     """precompile's JSON: what it did and where the compile time went, with provenance."""
     import datetime
     import json
 
     import torch
 
-    device = report["device"]
+    device, cfg = report["device"], learner.cfg
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "experiment": "precompile",
         "seconds_total": seconds,  # the command's own work: config, learner, compile, capture, cache file
         **report,
-        "config": {"learner_mode": cfg.learner_mode, "batch_size": cfg.batch_size, "updates_per_step": cfg.updates_per_step,
+        "config": {"learner_mode": learner.engine.mode, "batch_size": cfg.batch_size, "updates_per_step": cfg.updates_per_step,
                    "dims": [args.obs_dim, args.critic_obs_dim, args.action_dim]},
         "environment": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

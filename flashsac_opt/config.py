@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from flashsac_opt.engine import check_mode, is_compiled
 
 
@@ -129,7 +131,7 @@ class EngineOptions:
     # row has 2 x 130 outputs at W3 (2 x 318 at W4), few blocks: the slowest BN kernel there
     # (43 / 68 us a launch). 0: one pass, UniLab's order (eager bit-identical); rows it does not
     # split into two or more chunks: one pass. Chunking every critic BN layer was measured
-    # 1.02-1.12x slower (session 16's study, commit 62bc0bd; hidden layers have enough outputs and
+    # 1.02-1.12x slower (the study of 2026-12-01, commit 62bc0bd; hidden layers have enough outputs and
     # their fusion changed); the input alone (study ours_graph_input_bn_chunks) measured 1.012x at
     # W3, 0.961x at W4 (results/learner_benchmark/studies_2026-12-02): off.
     input_bn_chunk_rows: int = 0
@@ -181,6 +183,10 @@ class EngineOptions:
     dp_broadcast_params: bool | None = None
 
 
+# What patch 0001 passes to the learner where UniLab's config has no value: a UniLab run of
+# flashsac_opt is graph mode unless algo.algo_params.learner_mode says otherwise.
+UNILAB_RUN_DEFAULTS = {"learner_mode": "graph"}
+
 # The critic's network options whose None means: on in the compiled modes, off in eager.
 COMPILED_MODE_NETWORK_OPTIONS = ("contiguous_weight_grads", "shared_input_bn_statistics", "relu_in_autocast_dtype")
 
@@ -218,18 +224,40 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
         if self.num_atoms < 2 or self.critic_max_v <= self.critic_min_v:
             raise ValueError("the critic support needs num_atoms >= 2 and critic_max_v > critic_min_v")
 
+    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The update's autocast dtype on ``device``: bf16 with use_amp on CUDA, else None (fp32,
+        as UniLab runs off CUDA too)."""
+        if not (self.use_amp and device.type == "cuda"):
+            return None
+        if self.amp_dtype.lower() == "fp16":
+            raise ValueError("flashsac_opt supports bf16 autocast only (fp16 needs loss scaling); set amp_dtype=bf16")
+        return torch.bfloat16
+
+    def engine_arguments(self) -> dict[str, Any]:
+        """The options ``engine.Engine`` takes from this config: the mode is read here and in the
+        engine only; everything else asks the engine (``engine.compiled``, ``engine.graph``)."""
+        return {
+            "mode": self.learner_mode,
+            "backend": self.compile_backend,
+            "inductor_options": self.inductor_options,
+            "fused_update": self.fused_update,
+            "activation_memory_budget": self.activation_memory_budget,
+            "compile_cache_file": self.compile_cache_file,
+        }
+
     @property
     def peak_lr(self) -> float:
         # UniLab falls back to actor_lr only when learning_rate_peak is not positive.
         return self.learning_rate_peak if self.learning_rate_peak > 0 else self.actor_lr
 
     @classmethod
-    def from_unilab(cls, source: Any, **overrides: Any) -> "FlashSACConfig":
+    def from_unilab(cls, source: Any, defaults: Mapping[str, Any] | None = None, **overrides: Any) -> "FlashSACConfig":
         """Build from UniLab's config.yaml path, a Hydra/omegaconf config or a mapping.
 
         Reads ``algo`` (or the root if there is no ``algo`` key), merges
         ``algo.algo_params`` into it and ``training.use_amp``; unknown keys are ignored
-        (UniLab's config has many runtime keys the learner does not use).
+        (UniLab's config has many runtime keys the learner does not use). ``defaults`` fill
+        the fields the source leaves absent or null (``UNILAB_RUN_DEFAULTS``: what patch 0001 does).
         """
         from omegaconf import DictConfig, OmegaConf
 
@@ -247,6 +275,7 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             flat["use_amp"] = training["use_amp"]
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in flat.items() if k in known}
+        values.update({k: v for k, v in (defaults or {}).items() if values.get(k) is None})
         values.update(overrides)
         return cls(**values)
 

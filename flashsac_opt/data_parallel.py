@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
+
 
 
 def broadcasts_params(option: bool | None, compiled: bool, device: torch.device) -> bool:
@@ -142,6 +144,31 @@ def check_same_config(averager: RankAverager, description: dict) -> None:
         + "; ".join(f"{key} (rank 0: {reference.get(key)!r}, " + ", ".join(f"rank {r}: {v!r}" for r, v in ranks.items()) + ")"
                     for key, ranks in sorted(differing.items()))
     )
+
+
+def join(learner, process_group: "dist.ProcessGroup | bool" = True,
+         averager: "RankAverager | None" = None, gradient_wire_dtype: str = "float32") -> None:
+    """Make ``learner`` one rank of a data-parallel learner over ``process_group`` (True: the
+    default group), before its first update: rank 0's networks are broadcast to every rank and
+    the engine is rebuilt with the all-reduce between loss and step. The state (a loaded
+    checkpoint included) is kept. Every rank must run the same configuration: a mismatch raises
+    ValueError on every rank (one all-gather of the config as JSON)."""
+    if learner.averager is not None:
+        raise ValueError("this learner is data parallel already")
+    if learner.engine.fused_update is not None:
+        raise ValueError("enable_data_parallel() must come before the first update (the update functions are built)")
+    # ``averager``: other collectives with RankAverager's interface (benchmark_multigpu's
+    # comparison with UniLab's gradient all-reduce); by default RankAverager's bucket, the
+    # gradient at ``gradient_wire_dtype`` (UniLab's training.dp_gradient_wire_dtype)
+    averager = averager or RankAverager(None if process_group is True else process_group, gradient_wire_dtype)
+    # the compile-cache file may be a per-rank path; everything else must agree
+    config = {k: v for k, v in asdict(learner.cfg).items() if k != "compile_cache_file"}
+    check_same_config(averager, {"config": config, "dims": learner.dims})
+    learner.averager = averager
+    # Every rank starts from rank 0's networks, whatever its seed.
+    averager.broadcast_(list(learner.network_tensors().values()))
+    learner.engine = learner.build_engine()
+    learner.broadcast_params = broadcasts_params(learner.cfg.dp_broadcast_params, learner.engine.compiled, learner.device)
 
 
 def collective_bytes_per_iteration(learner, updates_per_step: int, policy_frequency: int) -> int:

@@ -6,6 +6,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
+# pytest-xdist workers share the machine's cores: each worker's torch, and every process it
+# starts (UniLab trainings, compile-ahead children), gets its share of intra-op threads. With
+# torch's default (every core in every worker) two workers on CI's two cores spin against each
+# other: the four oracle comparisons took 600 s in two workers against 68 s with one thread each
+# (2026-12-04, a 2-core CPU machine).
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _workers > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # Compile ahead (background by default for a compiled learner on CUDA) would make every GPU test
 # of the adapter defer its compile to a child: the tests that exercise it set the switch
 # themselves; the rest test the compile in prepare_for_collection.

@@ -322,7 +322,7 @@ def test_adapter_lets_collection_start_while_the_child_compiles_and_waits_at_the
 
 def test_prepare_for_collection_compiles_at_once_when_the_child_is_done_but_still_tearing_down(require_unilab, monkeypatch, tmp_path):
     # the child writes its report after its caches; its interpreter's teardown can take seconds
-    # more: the start-up compile must not defer to the first update for that (session 12's warm run)
+    # more: the start-up compile must not defer to the first update for that (the warm run of 2026-12-01 that led to commit 12b27d5)
     from test_unilab_integration import _unilab_kwargs
 
     from flashsac_opt.unilab import adapter

@@ -594,7 +594,7 @@ def test_critic_target_stream_runs_the_same_mathematics_as_one_critic_loss():
         torch._dynamo.reset()
         branched = make(mode, critic_target_stream=True, **extra)
         calls = []
-        original = branched._critic_branched_loss
+        original = branched.update_functions._critic_branched_loss
         critic_update = branched.engine._networks["critic"]
         branched.engine._networks["critic"] = dataclasses.replace(critic_update, compose_loss=lambda c, s: calls.append(s) or original(c, s))
         assert torch.equal(train(branched, data), ref_losses), (mode, extra)

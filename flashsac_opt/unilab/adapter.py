@@ -35,7 +35,7 @@ import torch
 from flashsac_opt import compile_cache
 from flashsac_opt.compile_ahead import CompileAhead, parallel_compile
 from flashsac_opt.compile_ahead import mode as compile_ahead_mode
-from flashsac_opt.config import FlashSACConfig
+from flashsac_opt.config import UNILAB_RUN_DEFAULTS, FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
 
@@ -103,8 +103,8 @@ def mps_notice(device_type: str, data_parallel: bool, environ: dict[str, str], d
             "`uni-cumps start && eval \"$(uni-cumps env)\"` before `train`, `uni-cumps stop` after (README).")
 
 
-def build_unilab_learner(*, device: str | torch.device, learner_mode: str = "graph", **learner_kwargs: Any) -> "UniLabFlashSACLearner":
-    return UniLabFlashSACLearner(device=device, learner_mode=learner_mode, **learner_kwargs)
+def build_unilab_learner(*, device: str | torch.device, **learner_kwargs: Any) -> "UniLabFlashSACLearner":
+    return UniLabFlashSACLearner(device=device, **learner_kwargs)
 
 
 class UniLabFlashSACLearner:
@@ -117,7 +117,6 @@ class UniLabFlashSACLearner:
         obs_dim: int,
         action_dim: int,
         critic_obs_dim: int,
-        learner_mode: str = "graph",
         actor_config: Any = None,
         actor_normalize_parameters: bool = True,
         critic_normalize_parameters: bool = True,
@@ -135,7 +134,7 @@ class UniLabFlashSACLearner:
         if values.get("amp_dtype") is not None:
             values["amp_dtype"] = str(values["amp_dtype"])
         values["compile_cache_file"] = unilab_compile_cache_file(values.get("compile_cache_file"))
-        self.cfg = FlashSACConfig(learner_mode=learner_mode, **values)
+        self.cfg = FlashSACConfig(**{**UNILAB_RUN_DEFAULTS, **values})
         self.learner = FlashSACLearner(self.cfg, obs_dim, critic_obs_dim, action_dim, device=device)
         # A compiled learner on CUDA compiles in a child process from here on, while UniLab starts
         # the collector and collects learning_starts (compile_ahead.py; FLASHSAC_OPT_COMPILE_AHEAD:
@@ -164,7 +163,7 @@ class UniLabFlashSACLearner:
         self._recorder = ReplayRecorder.from_env()
         self._first_update_seen = False
         self._idle_polls, self._last_idle_poll = 0, 0.0  # use_startup_idle_time's calls: the start-up timeline
-        startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=learner_mode)
+        startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=self.learner.engine.mode)
 
     def _load_compile_cache(self) -> str | None:
         """The learner's compile-cache file, loaded now (the compile-ahead decision); how long
@@ -436,7 +435,7 @@ class UniLabFlashSACLearner:
             "iterations": self.learner.iterations,
             "skipped_totals": self.learner.totals.detach().cpu().clone(),
             # provenance: how this learner was configured through UniLab's config
-            "learner_mode": self.cfg.learner_mode,
+            "learner_mode": self.learner.engine.mode,
             "fused_update": self.cfg.fused_update,
             "batch_size": self.cfg.batch_size,  # the runner's (patch 0001 passes it)
             "fused_update_used": self.learner.fused_update,  # decided by the first batch's shape

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from flashsac_opt.learner import STATE_FORMAT, FlashSACLearner
+from flashsac_opt.checkpoint import STATE_FORMAT
+from flashsac_opt.learner import FlashSACLearner
 
 UNILAB_ACTOR_BUILDER = "unilab.rl.algos.flash_sac.network:FlashSACActor"
 
