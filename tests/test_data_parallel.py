@@ -103,8 +103,8 @@ def test_nccl_graph_mode_ranks_stay_bit_identical(tmp_path):
 def test_nccl_graph_mode_without_broadcast_keeps_ranks_within_rounding(tmp_path):
     """Without the broadcast the ranks' parameters end a few ulp apart on the H200 (the
     compiled optimizer step rounds differently on two GPUs for identical inputs:
-    experiments/archive/diagnose_nccl_graph.py), while everything the averaged gradients decide
-    stays bit-identical."""
+    results/diagnose_nccl_graph/, made by experiments/archive/diagnose_nccl_graph.py at commit
+    2f362b4), while everything the averaged gradients decide stays bit-identical."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     s0, s1 = _run(tmp_path, "nccl_graph_no_broadcast")

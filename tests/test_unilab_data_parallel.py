@@ -327,7 +327,12 @@ def test_torchrun_starts_the_ranks_as_on_two_machines_and_they_meet_over_tcp(sit
         machines.append(subprocess.Popen(torchrun, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [m.communicate(timeout=900)[0] for m in machines]
     for m, out in zip(machines, outs):
-        assert m.returncode == 0 and "Traceback" not in out, out[-4000:]
+        # torchrun's agents race on the TCP store in their exit barrier: the store's host may
+        # close it while the other agent still waits, which logs a traceback from the agent
+        # (elastic/agent/server/api.py) and exits 0 (pytorch/pytorch#69520, open). Every other
+        # line, the ranks' and UniLab's, must be free of tracebacks.
+        ours = "\n".join(line for line in out.splitlines() if "elastic/agent/server/api.py" not in line)
+        assert m.returncode == 0 and "Traceback" not in ours, out[-4000:]
     assert "Training complete" in outs[0]  # rank 0 (machine 0) logs and checkpoints
     lines = dict(re.findall(r"flashsac_opt: rank (\d) (state digest \w+ checkpoint networks digest \w+)", "".join(outs)))
     assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], outs[0][-2000:] + outs[1][-2000:]
