@@ -27,8 +27,8 @@ import torch
 from flashsac_opt import explore_graph
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
-from flashsac_opt.batch import BATCH_FIELDS, check_batch
-from flashsac_opt.checkpoint import STATE_FORMAT, learner_state_dict, load_learner_state
+from flashsac_opt.batch import check_batch
+from flashsac_opt.checkpoint import learner_state_dict, load_learner_state
 from flashsac_opt.devices import resolve_device
 from flashsac_opt.engine import Engine, NetworkUpdate, Schedule, mark_static
 from flashsac_opt.metrics import COL, METRIC_COLUMNS, TOTAL_COLUMNS, unilab_metrics
@@ -40,9 +40,8 @@ from flashsac_opt.updates import UpdateFunctions
 if TYPE_CHECKING:
     from flashsac_opt.data_parallel import RankAverager
 
-# Re-exported: the metrics buffer's columns (tests and experiments index its rows by them) and
-# the checkpoint format (flashsac_opt.unilab.compat).
-__all__ = ["BATCH_FIELDS", "COL", "METRIC_COLUMNS", "STATE_FORMAT", "TOTAL_COLUMNS", "FlashSACLearner"]
+# COL re-exported: tests and experiments index the metrics table (update_metrics_table) by it.
+__all__ = ["COL", "FlashSACLearner"]
 
 
 class FlashSACLearner:
