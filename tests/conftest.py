@@ -1,15 +1,27 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
+# The suite's own Inductor cache, made by the controller and inherited by its xdist workers and the
+# processes they start: a kernel compiles once per run, never from or into another run's cache on
+# the machine (a UniLab training compiling the same kernel beside the suite had it read a half-written
+# .so, "file too short", 2026-12-04), and the suite's time is a cold run's. An exported
+# TORCHINDUCTOR_CACHE_DIR wins; tests that need an empty cache set their own.
+if "PYTEST_XDIST_WORKER" not in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _inductor_cache = tempfile.mkdtemp(prefix="flashsac_opt_tests_inductor_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_cache
+    atexit.register(shutil.rmtree, _inductor_cache, ignore_errors=True)
 # pytest-xdist workers share the machine's cores: each worker's torch, and every process it
 # starts (UniLab trainings, compile-ahead children), gets its share of intra-op threads. With
 # torch's default (every core in every worker) two workers on CI's two cores spin against each
-# other: the four oracle comparisons took 600 s in two workers against 68 s with one thread each
+# other: the four oracle comparisons had not finished in 600 s in two workers; 68 s with one thread each
 # (2026-12-04, a 2-core CPU machine).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if _workers > 1:
