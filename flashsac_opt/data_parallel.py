@@ -44,7 +44,6 @@ import torch
 import torch.distributed as dist
 
 
-
 def broadcasts_params(option: bool | None, compiled: bool, device: torch.device) -> bool:
     """Whether a data-parallel learner broadcasts rank 0's parameters every iteration.
 
