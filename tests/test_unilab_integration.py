@@ -39,7 +39,7 @@ def checkout(tmp_path, require_unilab):
 def test_apply_is_idempotent_and_revert_is_byte_identical(site):
     original = tree_digest(site)
     changed = unilab_patch.apply(site, include_optional=True)
-    assert len(changed) == 10  # 0001: 2 files, 0002: 3, 0003: 4, 0004: 1
+    assert len(changed) == 12  # 0001: 2 files, 0002: 3, 0003: 4, 0004: 1, 0005: 2
     patched = tree_digest(site)
     assert {k for k in original if original[k] != patched[k]} == set(changed)
     assert unilab_patch.apply(site, include_optional=True) == []  # again: nothing to do
@@ -54,12 +54,13 @@ def test_checkout_layout_and_dry_run(checkout):
     before = tree_digest(checkout / "src")
     changed = unilab_patch.apply(checkout, dry_run=True)
     assert changed == ["unilab/rl/algos/flash_sac/double_buffer.py", "unilab/conf/flashsac/config.yaml",
-                       "unilab/rl/runtime/offpolicy/double_buffer_runner.py"]  # 0001, 0004: the required ones
+                       "unilab/rl/runtime/offpolicy/double_buffer_runner.py", "unilab/scripts/train_flashsac.py",
+                       "unilab/rl/runtime/async_runner.py"]  # 0001, 0004, 0005: the required ones
     assert tree_digest(checkout / "src") == before  # dry run: nothing written
     unilab_patch.apply(checkout)
     report = unilab_patch.status(checkout)
     assert report["version"] == "1.5.2"
-    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied"]  # 0002, 0003: optional
+    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied", "applied"]  # 0002, 0003: optional
 
 
 def test_refuses_a_locally_modified_file(site):
@@ -113,7 +114,8 @@ def test_apply_rolls_back_when_a_write_fails(site, monkeypatch):
 def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
     other = copy_unilab(tmp_path / "other")
     unilab_patch.apply(site, include_optional=True)
-    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch", "0004-startup-idle-compile.patch"):
+    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch", "0004-startup-idle-compile.patch",
+                 "0005-startup-collector-preload.patch"):
         subprocess.run(["patch", "-p1", "-s", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
     assert tree_digest(other) == tree_digest(site)
 
@@ -275,7 +277,7 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr[-2000:]
     where, count = found.stdout.split()
-    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 4
+    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 5
 
 
 @pytest.mark.parametrize("version", [0, 1, 2])

@@ -1,0 +1,137 @@
+"""UniLab's collector process, started from an interpreter that imported its modules at launch
+(patches/0005-startup-collector-preload).
+
+UniLab 1.5.2 starts its MuJoCo collector with multiprocessing's "spawn" once the learner process
+has finished its own start: a fresh interpreter that then imports torch, Dynamo, Inductor and
+UniLab's env stack before it builds its 256 envs. On the H200 those imports were about 15 s of the
+collector's 19 s start, all of it after the learner process's own 19 s
+(results/startup/warm_cache_file_2026-12-01/startup_summary.json, stock and patched alike).
+
+`start_preload()`, called at the top of UniLab's train script, starts a multiprocessing forkserver
+at launch whose server imports those modules while the learner process starts (on other cores).
+`process_args()` then gives UniLab's `_start_collector` the forkserver context: the collector is
+forked from the server, already past its imports, and first takes the learner process's
+environment as it is at that moment (what spawn would have given it: the thread budget, CUDA and
+MPS variables UniLab sets after launch). Everything after that is UniLab's own collector code.
+
+The server never initializes CUDA (a forked child could not use it otherwise): importing torch,
+Dynamo and Inductor does not. FLASHSAC_OPT_COLLECTOR_PRELOAD=0 keeps UniLab's spawn.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import sys
+import time
+
+DISABLE_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD"  # "0": UniLab's spawn, nothing preloaded
+_SERVER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"  # set only while the server starts
+# What a spawned collector imported before its envs existed (its stack samples in the JSON above):
+# UniLab's training stack, its env modules and MuJoCo, and Dynamo and Inductor, which UniLab's
+# compiled reset (envs/mdp/events.py) and its thread budget (torch._inductor.config) import.
+PRELOAD_MODULES = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.config",
+    "torch._inductor.compile_fx",
+    "mujoco",
+    "unilab.scripts.train_offpolicy",
+    "unilab.rl.runtime.offpolicy.worker",
+    "unilab.envs.mdp.events",
+)
+
+_context: multiprocessing.context.BaseContext | None = None
+server_import_report: dict = {}  # in the server: seconds per module, skipped modules
+
+
+def enabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1") != "0" and "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def start_preload() -> bool:
+    """Start the preloading server (once per process); False when disabled or unavailable."""
+    global _context
+    if _context is not None:
+        return True
+    if not enabled():
+        return False
+    from multiprocessing import forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    os.environ[_SERVER_ENV] = "1"  # the server inherits it and imports PRELOAD_MODULES; nothing else does
+    try:
+        forkserver.ensure_running()  # returns at once: the server imports on its own
+    finally:
+        os.environ.pop(_SERVER_ENV, None)
+    _context = context
+    return True
+
+
+def preloaded() -> bool:
+    return _context is not None
+
+
+def process_args(context, target, target_fn, error_conn, kwargs: dict):
+    """UniLab's collector Process(context, target, args) from its spawn context, its entry
+    wrapper and that wrapper's (target_fn, error_conn, kwargs): through the preloaded server when
+    start_preload() ran in this process, UniLab's own otherwise.
+
+    A forked collector's parent is the server, not the learner process: UniLab's parent-death
+    watchdog (it polls os.getppid() against kwargs["_parent_pid"]) watches the server instead,
+    which exits as soon as the learner process is gone (its end of a pipe closes, SIGKILL too),
+    so the collector is reparented and stops as before."""
+    if _context is None:
+        return context, target, (target_fn, error_conn, kwargs)
+    from multiprocessing import forkserver
+
+    server_pid = forkserver._forkserver._forkserver_pid  # set by ensure_running(); private, 3.8-3.13
+    if server_pid is None:
+        raise RuntimeError("flashsac_opt collector preload: the forkserver is not running")
+    kwargs = {**kwargs, "_parent_pid": server_pid}
+    return _context, run_in_environ, (dict(os.environ), target, (target_fn, error_conn, kwargs))
+
+
+def run_in_environ(environ: dict, target, args: tuple):
+    """The collector's entry in the forked child: the learner process's environment of the moment
+    it was started, then UniLab's own entry."""
+    os.environ.clear()
+    os.environ.update(environ)
+    # multiprocessing hands each forked child the write end of the pipe whose closing tells the
+    # server its starter is gone (so a child could start processes of its own through it); while
+    # the collector held it, the server, and so the collector, outlived a killed learner process
+    from multiprocessing import forkserver
+
+    if forkserver._forkserver._forkserver_alive_fd is not None:
+        os.close(forkserver._forkserver._forkserver_alive_fd)
+        forkserver._forkserver._forkserver_alive_fd = None
+    return target(*args)
+
+
+def _import_collector_modules() -> None:
+    """In the server: import what the collector needs. A module that fails is reported and
+    skipped (the collector then imports it itself, as under spawn); the server must not die."""
+    for name in PRELOAD_MODULES:
+        start = time.perf_counter()
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure only costs the collector its import
+            server_import_report.setdefault("skipped", {})[name] = repr(exc)
+            print(f"flashsac_opt collector preload: {name} not preloaded: {exc!r}", file=sys.stderr)
+        server_import_report[name] = time.perf_counter() - start
+    try:
+        from unilab.training.common import ensure_registries  # the env modules the registry names
+
+        ensure_registries()
+    except Exception as exc:  # noqa: BLE001
+        print(f"flashsac_opt collector preload: UniLab's env registry not preloaded: {exc!r}", file=sys.stderr)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
+        raise RuntimeError("flashsac_opt collector preload: CUDA was initialized in the forkserver")
+
+
+if os.environ.get(_SERVER_ENV) == "1":  # this interpreter is the server start_preload() started
+    os.environ.pop(_SERVER_ENV, None)
+    _import_collector_modules()

@@ -1,0 +1,131 @@
+"""patches/0005: UniLab's collector forked from a server that imported its modules at launch
+(flashsac_opt.unilab.collector_start), driven through UniLab's own collector entry wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flashsac_opt.unilab import collector_start
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A stand-in for UniLab's learner process: starts the server as the patched train script does,
+# changes its environment afterwards (as UniLab's thread budget and MPS set-up do), then starts a
+# "collector" as the patched AsyncRunner._start_collector does, through UniLab's entry wrapper.
+_LEARNER = """
+import json, multiprocessing, os, sys, time
+from flashsac_opt.unilab import collector_start
+started = collector_start.start_preload()
+os.environ["FLASHSAC_OPT_TEST_LATE"] = "set after launch"
+from unilab.rl.runtime.async_runner import _SPAWN_CTX, _collector_entry_wrapper
+import collector_probe
+stop_event = _SPAWN_CTX.Event()
+recv, send = multiprocessing.Pipe(duplex=False)
+kwargs = {"stop_event": stop_event, "report": sys.argv[1], "_parent_pid": os.getpid(),
+          "_parent_watchdog_poll_interval": 0.1, "_parent_watchdog_grace_period": 5.0}
+context, target, args = collector_start.process_args(_SPAWN_CTX, _collector_entry_wrapper, collector_probe.collect,
+                                                     send, kwargs)
+process = context.Process(target=target, args=args, daemon=True)
+process.start()
+server = getattr(__import__("multiprocessing.forkserver").forkserver._forkserver, "_forkserver_pid", None)
+print(json.dumps({"started": started, "context": context.get_start_method(), "pid": process.pid,
+                  "server_pid": server}), flush=True)
+time.sleep(600)  # until the test kills it
+"""
+
+_PROBE = """
+import json, os, sys, time
+def collect(stop_event, report):
+    state = {"late": os.environ.get("FLASHSAC_OPT_TEST_LATE"), "ppid": os.getppid(),
+             "worker_preloaded": "unilab.rl.runtime.offpolicy.worker" in sys.modules,
+             "dynamo_preloaded": "torch._dynamo" in sys.modules,
+             "server_flag": os.environ.get("FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER")}
+    with open(report + ".tmp", "w") as f:
+        json.dump(state, f)
+    os.replace(report + ".tmp", report)
+    while not stop_event.is_set():  # UniLab's parent watchdog sets it when the learner is gone
+        time.sleep(0.05)
+"""
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie nobody reaps yet
+    except FileNotFoundError:
+        return True
+
+
+def _start_learner(tmp_path: Path, preload: str) -> tuple[subprocess.Popen, dict, Path]:
+    (tmp_path / "collector_probe.py").write_text(_PROBE)
+    report = tmp_path / "collector.json"
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="",
+               FLASHSAC_OPT_COLLECTOR_PRELOAD=preload)
+    learner = subprocess.Popen([sys.executable, "-c", _LEARNER, str(report)], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    line = learner.stdout.readline()
+    if not line:
+        learner.kill()
+        pytest.fail(f"the learner stand-in did not start: {learner.stderr.read()[-3000:]}")
+    started = json.loads(line)
+    deadline = time.monotonic() + 240
+    while not report.exists() and time.monotonic() < deadline and learner.poll() is None:
+        time.sleep(0.1)
+    assert report.exists(), "the collector never reported"
+    return learner, started, report
+
+
+@pytest.mark.skipif(not collector_start.enabled(), reason="no forkserver start method here")
+def test_the_collector_forks_preloaded_with_the_learners_environment_and_stops_when_the_learner_dies(tmp_path, require_unilab):
+    learner, started, report = _start_learner(tmp_path, "1")
+    try:
+        state = json.loads(report.read_text())
+        assert started["started"] and started["context"] == "forkserver"
+        assert state["worker_preloaded"] and state["dynamo_preloaded"]  # imported by the server, before the fork
+        assert state["late"] == "set after launch"  # the learner's environment when it started the collector
+        assert state["server_flag"] is None  # the server's own marker does not leak into the collector
+        assert state["ppid"] == started["server_pid"] != learner.pid
+        # SIGKILL, no Python exit path: the server sees its pipe close and exits, UniLab's watchdog
+        # (told the server's pid) sees the collector reparented and stops it
+        os.kill(learner.pid, signal.SIGKILL)
+        learner.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not _exited(started["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _exited(started["pid"]), "the collector outlived its learner"
+        assert _exited(started["server_pid"])
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+        for pid in (started.get("pid"), started.get("server_pid")):
+            if pid and not _exited(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_preload_off_keeps_unilabs_spawn(tmp_path, require_unilab):
+    learner, started, report = _start_learner(tmp_path, "0")
+    try:
+        state = json.loads(report.read_text())
+        assert started == {"started": False, "context": "spawn", "pid": started["pid"], "server_pid": None}
+        assert state["ppid"] == learner.pid and state["late"] == "set after launch"
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)
+        deadline = time.monotonic() + 30  # the spawn collector's own watchdog stops it
+        while not _exited(started["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _exited(started["pid"])
+
+
+def test_without_a_started_server_the_process_arguments_are_unilabs():
+    sentinel = object()
+    kwargs = {"_parent_pid": 7}
+    assert collector_start.process_args(sentinel, print, len, None, kwargs) == (sentinel, print, (len, None, kwargs))
