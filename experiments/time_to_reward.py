@@ -17,8 +17,11 @@ experiments/device/trainings.py (on the GPU: runs.toml's ttr_* runs); the matrix
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -99,6 +102,10 @@ def summarize_file(path: Path, last: int) -> dict:
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
         "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],
+        # a cold patched start trains uncompiled until its compile-ahead child is done: its first
+        # update flatters it; this is when compiled training began (stock compiles in its first update)
+        "first_compiled_update_s": (report.get("startup_timeline") or {}).get("background_compile_switched_s",
+                                                                              base["first_learner_iteration_s"]),
         # launch -> first update by phase, from the patched learner's milestones (None for stock)
         "startup_phases_s": startup_phases(report["startup_timeline"]) if report.get("startup_timeline") else None,
         "rows_with_wall_s": len(rows),
@@ -156,6 +163,7 @@ def group_runs(runs: list[dict]) -> list[dict]:
             "note": "" if len(set(seeds)) >= MIN_SEEDS else f"fewer than {MIN_SEEDS} seeds: no time-to-reward claim",
             "median": {
                 "first_update_s": stat(lambda r: r["first_update_s"]),
+                "first_compiled_update_s": stat(lambda r: r["first_compiled_update_s"]),
                 "learner_ms": stat(lambda r: (r["learner_ms"] or {}).get("median")),
                 "iteration_ms": stat(lambda r: (r["iteration_ms"] or {}).get("median")),
                 **{f"time_to_reward_{t:g}_s": stat(lambda r, t=t: (r["time_to_reward"][f"{t:g}"] or {}).get("seconds"))
@@ -265,34 +273,39 @@ def training_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def summarize_main(args, parser) -> int:
-    files = training_files(args.inputs)
-    if not files:
-        parser.error("no training JSON among the inputs")
+def build_report(files: list[Path], last: int) -> dict:
+    """The summary of training reports (ValueError on one it cannot read or a seed twice)."""
     runs, skipped = [], []
     for path in files:
         try:
-            run = summarize_file(path, args.last)
+            run = summarize_file(path, last)
         except (OSError, ValueError, KeyError) as exc:
-            parser.error(f"{path}: {exc}")
+            raise ValueError(f"{path}: {exc}") from exc
         if not run["rows_with_wall_s"] and run["iterations_logged"]:
             skipped.append({"file": path.name, "why": "its rows have no seconds from launch (a report from before wall_s)"})
             continue
         runs.append(run)
-    try:
-        groups = group_runs(runs)
-    except ValueError as exc:
-        parser.error(str(exc))
-    report = {
+    return {
         "experiment": "time_to_reward",
         "summarizes": [str(p) for p in files],
         "what": ("a summary of the training JSON in 'summarizes' (written on the GPUs their provenance names); "
                  "nothing here was measured by this command"),
-        "tag": TAG, "window": WINDOW, "thresholds": list(THRESHOLDS), "min_seeds": MIN_SEEDS, "tail_iterations": args.last,
+        "tag": TAG, "window": WINDOW, "thresholds": list(THRESHOLDS), "min_seeds": MIN_SEEDS, "tail_iterations": last,
         "time_to_reward_definition": (f"seconds from launching UniLab's train to the first logged iteration whose {WINDOW}-iteration "
                                       "moving mean of Train/mean_reward reaches the threshold; null: not within the run"),
-        "groups": groups, "runs": runs, "skipped": skipped,
+        "groups": group_runs(runs), "runs": runs, "skipped": skipped,
     }
+
+
+def summarize_main(args, parser) -> int:
+    files = training_files(args.inputs)
+    if not files:
+        parser.error("no training JSON among the inputs")
+    try:
+        report = build_report(files, args.last)
+    except ValueError as exc:
+        parser.error(str(exc))
+    groups, runs, skipped = report["groups"], report["runs"], report["skipped"]
     write_report(report, args.output, plot if args.plot else None, args.plot)
     if args.markdown:
         args.markdown.write_text(markdown_table(report))
@@ -315,6 +328,118 @@ def summarize_main(args, parser) -> int:
     return 0
 
 
+# ---- protocol ------------------------------------------------------------------------------------
+
+TARGETS = {"median_time_to_reward_30_s": 60.0, "cold_seed_time_to_reward_30_s": 90.0}  # issue 44
+TRAININGS = Path(__file__).resolve().parent / "device" / "trainings.py"
+STARTUP_PAIR_S = 80  # one start-up pair member: launch, first update (~30-45 s warm), 120 iterations, shutdown
+
+
+def empty_cache_env(folder: Path) -> dict[str, str]:
+    """An empty Inductor, Triton and flashsac_opt compile cache at ``folder`` (emptied first)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton"),
+            "FLASHSAC_OPT_CACHE_DIR": str(folder / "flashsac_opt")}
+
+
+def trainings_command(args, runs: list[str], seconds: float, *extra: str) -> list[str]:
+    return [sys.executable, str(TRAININGS), "--updates", str(args.updates), "--batch", str(args.batch), "--envs", str(args.envs),
+            "--replay-buffer-n", str(args.replay_buffer_n), "--learning-starts", str(args.learning_starts), "--no-eval",
+            "--time-limit", f"{seconds:.0f}", "--out", str(args.out), "--work", str(args.work),
+            *(["--stack-samples", f"{args.stack_samples:g}"] if args.stack_samples else []), *extra, *runs]
+
+
+def startup_pair_row(report: dict) -> dict:
+    """A start-up pair member: launch -> first update and the runner's wait for its collector."""
+    timeline = report.get("startup_timeline") or {}
+    rows = report.get("rows_all") or []
+    wait = (timeline["collector_start_wait_end_s"] - timeline["collector_start_wait_s"]
+            if {"collector_start_wait_s", "collector_start_wait_end_s"} <= timeline.keys() else None)
+    return {"first_update_s": rows[0]["wall_s"] if rows else None, "learner_constructed_s": timeline.get("learner_constructed_s"),
+            "collector_start_wait_s": wait, "phases_s": startup_phases(timeline) if timeline else None}
+
+
+def protocol_main(args) -> int:
+    """The cold-first protocol: per learner, seeds in sequence on an empty compile cache (the first
+    seed cold, the next ones on what it left), each stopped at reward 30; then start-up pairs,
+    UniLab's spawn against patches/0005's preloaded collector, alternating, on the warm cache."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    pairs_s = 2 * args.startup_pairs * STARTUP_PAIR_S
+    share = (args.time_limit - pairs_s) / len(args.learners)
+    env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
+    done: list[dict] = []
+    for learner in args.learners:
+        cache = empty_cache_env(args.work / f"cache_{learner}")
+        runs = [f"{learner}:graph:{seed}" for seed in args.seeds]
+        extra = ["--iterations", str(args.iterations), "--stop-at-reward", f"{max(THRESHOLDS):g}"]
+        if learner == "unilab":  # its compile on every core, as its best configuration
+            extra.append(f"--override=training.torch_threads.compile_threads={os.cpu_count()}")
+        code = subprocess.run(trainings_command(args, runs, share, *extra), env={**env, **cache}).returncode
+        done.append({"learner": learner, "cache": cache["TORCHINDUCTOR_CACHE_DIR"], "runs": runs, "exit_status": code})
+    pairs = []
+    warm = args.work / "cache_flashsac_opt"  # what the patched seeds left
+    cache = dict(env, TORCHINDUCTOR_CACHE_DIR=str(warm), TRITON_CACHE_DIR=str(warm / "triton"), FLASHSAC_OPT_CACHE_DIR=str(warm / "flashsac_opt"))
+    for k in range(args.startup_pairs):
+        for preload, tag in (("0", "startup_spawn"), ("1", "startup_preload")):
+            seed = 11 + k
+            cmd = trainings_command(args, [f"flashsac_opt:graph:{seed}"], STARTUP_PAIR_S, "--iterations", "120", "--name-tag", tag)
+            code = subprocess.run(cmd, env={**cache, "FLASHSAC_OPT_COLLECTOR_PRELOAD": preload}).returncode
+            name = f"training_{run_tag(args, tag)}_flashsac_opt_graph_s{seed}.json"
+            row = startup_pair_row(read_json(args.out / name)) if (args.out / name).is_file() else {}
+            pairs.append({"pair": k, "collector": "preloaded (patches/0005)" if preload == "1" else "UniLab's spawn",
+                          "file": name, "exit_status": code, **row})
+    files = [args.out / f"training_{run_tag(args)}_{r.replace(':', '_').replace('_graph_', '_graph_s')}.json"
+             for d in done for r in d["runs"]]
+    files = [f for f in files if f.is_file()]
+    report = build_report(files, args.last) if files else {"groups": [], "runs": []}
+    by_learner: dict = {}
+    for run in report["runs"]:
+        by_learner.setdefault(run["learner"], []).append(run)
+    verdicts = {}
+    for learner, runs in by_learner.items():
+        runs.sort(key=lambda r: r["seed"])
+        ttr = [(r["time_to_reward"]["30"] or {}).get("seconds") for r in runs]
+        cold = runs[0]
+        verdicts[learner] = {
+            "seeds": [r["seed"] for r in runs], "cold_seed": cold["seed"], "cold_seed_cache_warm_at_launch": cold["inductor_cache_warm_at_launch"],
+            "time_to_reward_30_s": ttr, "median_time_to_reward_30_s": median_or_none(ttr),
+            "first_update_s": [r["first_update_s"] for r in runs], "first_compiled_update_s": [r["first_compiled_update_s"] for r in runs],
+            "meets_targets": (len(runs) >= MIN_SEEDS and median_or_none(ttr) is not None
+                              and median_or_none(ttr) <= TARGETS["median_time_to_reward_30_s"]
+                              and ttr[0] is not None and ttr[0] <= TARGETS["cold_seed_time_to_reward_30_s"]),
+        }
+    report["protocol"] = {
+        "what": ("cold-first time to reward: per learner, seeds in sequence on a compile cache emptied before the first "
+                 "(Inductor, Triton, flashsac_opt's compile-cache files), each stopped at a 20-iteration mean reward of 30; "
+                 "then start-up pairs on the warm cache, UniLab's spawned collector against the preloaded one"),
+        "targets": TARGETS, "learners": done, "verdicts": verdicts, "startup_pairs": pairs,
+        "configuration": {k: getattr(args, k) for k in ("updates", "batch", "envs", "replay_buffer_n", "learning_starts", "iterations", "seeds")},
+        "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+    }
+    figures = args.figures or args.out
+    figures.mkdir(parents=True, exist_ok=True)
+    write_report(report, args.out / "time_to_reward_protocol.json", plot if files else None, figures / "time_to_reward_protocol.png")
+    with_phases = {r["file"]: {"first_update_s": r["first_update_s"], "phases_s": r["startup_phases_s"] or {}} for r in report["runs"]}
+    with_phases |= {p["file"]: {"first_update_s": p.get("first_update_s"), "phases_s": p.get("phases_s") or {}} for p in pairs}
+    if with_phases:
+        from report.summarize_startup import plot as plot_phases
+
+        plot_phases(with_phases, figures / "startup_phases.png")
+    for learner, v in verdicts.items():
+        print(f"{learner}: time to reward 30 {v['time_to_reward_30_s']} (median {v['median_time_to_reward_30_s']}), "
+              f"first update {v['first_update_s']}, first compiled update {v['first_compiled_update_s']}")
+    for p in pairs:
+        print(f"start-up pair {p['pair']}, {p['collector']}: first update {p.get('first_update_s')}, collector wait {p.get('collector_start_wait_s')}")
+    return 0 if all(d["exit_status"] == 0 for d in done) else 1
+
+
+def run_tag(args, name_tag: str | None = None) -> str:
+    from device.trainings import run_tag as tag  # the trainings' own naming
+
+    return tag(args.updates, args.batch, args.envs, args.replay_buffer_n, name_tag)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -324,7 +449,25 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--output", type=Path, required=True)
     s.add_argument("--plot", type=Path)
     s.add_argument("--markdown", type=Path, help="also write the groups as a Markdown table (medians over seeds, seeds reached, runs cut)")
+    p = sub.add_parser("protocol", help="run the cold-first protocol (trainings on this machine's GPU) and summarize it")
+    p.add_argument("--out", type=Path, required=True, help="training JSON, time_to_reward_protocol.json and the figures")
+    p.add_argument("--work", type=Path, required=True, help="logs, UniLab copies, the emptied compile caches")
+    p.add_argument("--learners", nargs="+", choices=("flashsac_opt", "unilab"), default=["flashsac_opt"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    p.add_argument("--updates", type=int, default=64)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--envs", type=int, default=256)
+    p.add_argument("--replay-buffer-n", type=int, default=512)
+    p.add_argument("--learning-starts", type=int, default=98)
+    p.add_argument("--iterations", type=int, default=1500, help="at most, per seed (each stops at reward 30)")
+    p.add_argument("--startup-pairs", type=int, default=0, help="then this many pairs of short warm starts, spawn vs preloaded collector")
+    p.add_argument("--stack-samples", type=float, metavar="SECONDS")
+    p.add_argument("--figures", type=Path, help="where the figures go (default: --out)")
+    p.add_argument("--time-limit", type=float, default=580.0, help="seconds for everything")
+    p.add_argument("--last", type=int, default=500)
     args = parser.parse_args(argv)
+    if args.command == "protocol":
+        return protocol_main(args)
     return summarize_main(args, parser)
 
 
