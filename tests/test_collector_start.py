@@ -47,7 +47,14 @@ def collect(stop_event, report):
     state = {"late": os.environ.get("FLASHSAC_OPT_TEST_LATE"), "ppid": os.getppid(),
              "worker_preloaded": "unilab.rl.runtime.offpolicy.worker" in sys.modules,
              "dynamo_preloaded": "torch._dynamo" in sys.modules,
-             "server_flag": os.environ.get("FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER")}
+             "server_flag": os.environ.get("FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"),
+             "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")}
+    if os.environ.get("FLASHSAC_OPT_TEST_CUDA") == "1":  # what UniLab's collector does with its CUDA ring
+        try:
+            import torch
+            state["cuda"] = float(torch.ones(2, device="cuda").sum())
+        except Exception as exc:
+            state["cuda"] = repr(exc)
     with open(report + ".tmp", "w") as f:
         json.dump(state, f)
     os.replace(report + ".tmp", report)
@@ -64,11 +71,13 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _start_learner(tmp_path: Path, preload: str) -> tuple[subprocess.Popen, dict, Path]:
+def _start_learner(tmp_path: Path, preload: str, cuda: bool = False) -> tuple[subprocess.Popen, dict, Path]:
     (tmp_path / "collector_probe.py").write_text(_PROBE)
     report = tmp_path / "collector.json"
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="",
-               FLASHSAC_OPT_COLLECTOR_PRELOAD=preload)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               FLASHSAC_OPT_COLLECTOR_PRELOAD=preload, FLASHSAC_OPT_TEST_CUDA="1" if cuda else "0")
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     learner = subprocess.Popen([sys.executable, "-c", _LEARNER, str(report)], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     line = learner.stdout.readline()
@@ -91,7 +100,7 @@ def test_the_collector_forks_preloaded_with_the_learners_environment_and_stops_w
         assert started["started"] and started["context"] == "forkserver"
         assert state["worker_preloaded"] and state["dynamo_preloaded"]  # imported by the server, before the fork
         assert state["late"] == "set after launch"  # the learner's environment when it started the collector
-        assert state["server_flag"] is None  # the server's own marker does not leak into the collector
+        assert state["server_flag"] is None and state["nvml_check"] is None  # the server's variables stay in the server
         assert state["ppid"] == started["server_pid"] != learner.pid
         # SIGKILL, no Python exit path: the server sees its pipe close and exits, UniLab's watchdog
         # (told the server's pid) sees the collector reparented and stops it
@@ -129,3 +138,20 @@ def test_without_a_started_server_the_process_arguments_are_unilabs():
     sentinel = object()
     kwargs = {"_parent_pid": 7}
     assert collector_start.process_args(sentinel, print, len, None, kwargs) == (sentinel, print, (len, None, kwargs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not collector_start.enabled(), reason="no forkserver start method here")
+def test_a_preloaded_collector_can_use_cuda(tmp_path, require_unilab):
+    # torch 2.11's Inductor asks torch.cuda.is_available() at import (runtime/benchmarking.py); a
+    # CUDA driver query in the server would leave every forked collector unable to use CUDA
+    if not __import__("torch").cuda.is_available():
+        pytest.skip("needs CUDA")
+    learner, started, report = _start_learner(tmp_path, "1", cuda=True)
+    try:
+        state = json.loads(report.read_text())
+        assert started["context"] == "forkserver" and state["worker_preloaded"]
+        assert state["cuda"] == 2.0, state["cuda"]
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)

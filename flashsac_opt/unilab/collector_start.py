@@ -28,14 +28,17 @@ import time
 
 DISABLE_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD"  # "0": UniLab's spawn, nothing preloaded
 _SERVER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"  # set only while the server starts
+_NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 # What a spawned collector imported before its envs existed (its stack samples in the JSON above):
-# UniLab's training stack, its env modules and MuJoCo, and Dynamo and Inductor, which UniLab's
-# compiled reset (envs/mdp/events.py) and its thread budget (torch._inductor.config) import.
+# UniLab's training stack, its env modules and MuJoCo, and Dynamo and Inductor's config, which
+# UniLab's compiled reset (envs/mdp/events.py) and its thread budget import. Not Inductor's
+# compile_fx: in torch 2.11 it imports runtime/benchmarking.py, which asks torch.cuda.is_available()
+# at import, and that CUDA driver query marks the process so that a forked child refuses CUDA
+# (results/startup/collector_preload_2026-12-04/fork_safety.json).
 PRELOAD_MODULES = (
     "torch",
     "torch._dynamo",
     "torch._inductor.config",
-    "torch._inductor.compile_fx",
     "mujoco",
     "unilab.scripts.train_offpolicy",
     "unilab.rl.runtime.offpolicy.worker",
@@ -61,11 +64,19 @@ def start_preload() -> bool:
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
-    os.environ[_SERVER_ENV] = "1"  # the server inherits it and imports PRELOAD_MODULES; nothing else does
+    # The server inherits both and imports PRELOAD_MODULES; nothing else does. With NVML's count,
+    # torch.cuda.is_available() in an import does not query the CUDA driver (a driver query would
+    # leave every forked child unable to use CUDA); a collector gets the learner's own environment.
+    saved = {key: os.environ.get(key) for key in (_SERVER_ENV, _NVML_CHECK_ENV)}
+    os.environ.update({_SERVER_ENV: "1", _NVML_CHECK_ENV: "1"})
     try:
         forkserver.ensure_running()  # returns at once: the server imports on its own
     finally:
-        os.environ.pop(_SERVER_ENV, None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     _context = context
     return True
 
@@ -107,6 +118,11 @@ def run_in_environ(environ: dict, target, args: tuple):
     if forkserver._forkserver._forkserver_alive_fd is not None:
         os.close(forkserver._forkserver._forkserver_alive_fd)
         forkserver._forkserver._forkserver_alive_fd = None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda._is_in_bad_fork():
+        raise RuntimeError("flashsac_opt collector preload: a preloaded import queried the CUDA driver in the server, so this "
+                           "forked collector cannot use CUDA; run with FLASHSAC_OPT_COLLECTOR_PRELOAD=0 (UniLab's spawn) "
+                           "and report the torch version")
     return target(*args)
 
 

@@ -1,0 +1,66 @@
+"""Which of the collector preload's imports (flashsac_opt.unilab.collector_start) makes a forked
+child unable to use CUDA: imports PRELOAD_MODULES and UniLab's env registry one by one, records the
+stack of every CUDA device-count query (torch marks the process so that a forked child refuses
+CUDA), and after each step forks a child that creates a CUDA tensor. JSON to --output."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+from flashsac_opt.unilab.collector_start import PRELOAD_MODULES
+
+queries: list[dict] = []
+_real = torch._C._cuda_getDeviceCount
+
+
+def _recording(*args, **kwargs):
+    queries.append({"stack": traceback.format_stack(limit=12)[:-1]})
+    return _real(*args, **kwargs)
+
+
+def child_can_use_cuda() -> dict:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            torch.zeros(1, device="cuda").add_(1)
+            msg = "ok"
+        except Exception as exc:  # noqa: BLE001
+            msg = repr(exc)[:300]
+        os.write(w, msg.encode())
+        os._exit(0)
+    os.close(w)
+    out = os.read(r, 1000).decode()
+    os.waitpid(pid, 0)
+    return {"child": out}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args()
+    torch._C._cuda_getDeviceCount = _recording
+    steps = []
+    for name in (*PRELOAD_MODULES, "ensure_registries"):
+        before = len(queries)
+        if name == "ensure_registries":
+            from unilab.training.common import ensure_registries
+            ensure_registries()
+        else:
+            importlib.import_module(name)
+        steps.append({"step": name, "new_queries": queries[before:], "cuda_initialized": torch.cuda.is_initialized(), **child_can_use_cuda()})
+        print(name, steps[-1]["child"], len(queries) - before, flush=True)
+    json.dump({"steps": steps, "torch": torch.__version__}, open(args.output, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
