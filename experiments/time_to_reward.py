@@ -89,6 +89,17 @@ def gpu_sharing(report: dict, path: Path) -> str:
     return "time-slicing"
 
 
+def first_compiled_update(timeline: dict, first_update_s: float | None) -> float | None:
+    """Seconds from launch to compiled training: the switch after a compile-ahead child (None if
+    a run with a child never switched), else the first update (a warm start, or stock UniLab,
+    which compiles in its first update)."""
+    if "background_compile_switched_s" in timeline:
+        return timeline["background_compile_switched_s"]
+    if (timeline.get("compile_ahead_done") or {}).get("child") or (timeline.get("learner_constructed") or {}).get("compile_ahead") and "compile_ahead_done" not in timeline:
+        return None
+    return first_update_s
+
+
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
@@ -104,8 +115,7 @@ def summarize_file(path: Path, last: int) -> dict:
         "first_update_s": base["first_learner_iteration_s"],
         # a cold patched start trains uncompiled until its compile-ahead child is done: its first
         # update flatters it; this is when compiled training began (stock compiles in its first update)
-        "first_compiled_update_s": (report.get("startup_timeline") or {}).get("background_compile_switched_s",
-                                                                              base["first_learner_iteration_s"]),
+        "first_compiled_update_s": first_compiled_update(report.get("startup_timeline") or {}, base["first_learner_iteration_s"]),
         # launch -> first update by phase, from the patched learner's milestones (None for stock)
         "startup_phases_s": startup_phases(report["startup_timeline"]) if report.get("startup_timeline") else None,
         "rows_with_wall_s": len(rows),
