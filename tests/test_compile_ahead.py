@@ -471,3 +471,15 @@ def test_prepare_for_collection_compiles_with_every_available_cpu(require_unilab
     # the start-up compile's span is on the timeline
     assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
         "learner_constructed", "prepare_for_collection_start", "prepare_for_collection_end"]
+
+
+def test_compile_cache_counters_are_counted_from_a_given_point():
+    # the background switch's start-up event reports how many graphs the child's caches served
+    from torch._dynamo.utils import counters
+
+    from flashsac_opt.unilab.adapter import compile_cache_counters
+
+    before = compile_cache_counters()
+    counters["inductor"]["fxgraph_cache_hit"] += 3
+    counters["aot_autograd"]["autograd_cache_miss"] += 1
+    assert compile_cache_counters(since=before) == {"fxgraph_hit": 3, "fxgraph_miss": 0, "aot_autograd_hit": 0, "aot_autograd_miss": 1}

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from flashsac_opt import compile_cache
-from flashsac_opt.compile_ahead import CompileAhead, parallel_compile
+from flashsac_opt.compile_ahead import CompileAhead, compile_time_totals, parallel_compile
 from flashsac_opt.compile_ahead import mode as compile_ahead_mode
 from flashsac_opt.config import UNILAB_RUN_DEFAULTS, FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
@@ -70,6 +70,16 @@ def startup_event(event: str, at: float | None = None, **extra: Any) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"event": event, "time": time.time() if at is None else at, "pid": os.getpid(), **extra}) + "\n")
+
+
+def compile_cache_counters(since: dict[str, int] | None = None) -> dict[str, int]:
+    """Inductor's FX-graph and AOTAutograd cache hits and misses in this process (minus ``since``)."""
+    from torch._dynamo.utils import counters
+
+    now = {"fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"], "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
+           "aot_autograd_hit": counters["aot_autograd"]["autograd_cache_hit"],
+           "aot_autograd_miss": counters["aot_autograd"]["autograd_cache_miss"]}
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
 
 
 def nccl_transport_notice(device_type: str, environ: dict[str, str]) -> str | None:
@@ -187,12 +197,12 @@ class UniLabFlashSACLearner:
         yield
         self._device_work_done("first_update_end")
 
-    def _device_work_done(self, event: str) -> None:
+    def _device_work_done(self, event: str, **extra: Any) -> None:
         """The start-up milestone ``event`` once the device work queued so far is done: a
         synchronize, only when the timeline is asked for (at most twice a run)."""
         if os.environ.get(STARTUP_EVENTS_ENV) and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        startup_event(event)
+        startup_event(event, **extra)
 
     # ------------------------------------------------------------ whole cycle
     @property
@@ -222,10 +232,14 @@ class UniLabFlashSACLearner:
             self._set_schedule(target_frequency, policy_before_critic)
             # the background mode's switch compiles here, from the child's caches; should the
             # child have failed, cold: then on every CPU rather than UniLab's one worker
+            before = (compile_cache_counters(), compile_time_totals()) if switching else None
             with self._compile_workers() if switching else contextlib.nullcontext():
                 self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
             if switching:
-                self._device_work_done("background_compile_switched")
+                # how much of the switch the child's caches served (a miss compiles here, on one worker)
+                phases = {k: round(v - before[1].get(k, 0.0), 3) for k, v in compile_time_totals().items()}
+                self._device_work_done("background_compile_switched", caches=compile_cache_counters(since=before[0]),
+                                       compile_phases_s=phases)
 
     def _compile_workers(self) -> contextlib.AbstractContextManager:
         """Inductor's workers for a compile in this process: every CPU for a cold compile; none
