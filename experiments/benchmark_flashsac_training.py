@@ -386,10 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = runs[-1].parent if runs else None
     rows_all = read_rows(run_dir, launched) if run_dir is not None else []
     timeline = startup_timeline(events, launched)
-    stack_report = None
+    stack_report = switch_stacks = None
     if args.stack_samples:  # where each process was until the first update (all of it when there was none)
         until = (timeline or {}).get("first_update_start_s") or (rows_all[0]["wall_s"] if rows_all else None)
         stack_report = startup_stacks.summarize(stacks, launched, until)
+        if {"compile_ahead_done_s", "background_compile_switched_s"} <= (timeline or {}).keys():
+            # the background switch (compile from the child's caches while training waits), frames inside torch
+            switch_stacks = startup_stacks.summarize(stacks, launched, timeline["background_compile_switched_s"],
+                                                     since_s=timeline["compile_ahead_done_s"], namer=startup_stacks.name_in_library)
         if not rows_all:
             for proc in stack_report:
                 print(f"stack samples, process started at {proc['started_s']} s ({proc['cmd'][:80]}): "
@@ -458,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         "startup_timeline": timeline,
         # --stack-samples: per process, where its main thread was until the first update
         "startup_stacks": stack_report,
+        # --stack-samples with compile ahead in the background: the switch, frames inside torch
+        "switch_stacks": switch_stacks,
         # data-parallel flashsac_opt: every rank's end-state digest (equal = bit-identical ranks)
         "data_parallel": data_parallel_end(events),
         # NCCL settings exported to the training (UniLab 1.5.2 sets NCCL_P2P_DISABLE and

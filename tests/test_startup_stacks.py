@@ -50,6 +50,9 @@ def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
     # cut at a time: only the samples before it count
     early = startup_stacks.summarize(tmp_path / "samples", launched, until_s=parent["started_s"] + 0.7)
     assert 1 <= early[0]["samples"] <= 3 and early[1]["samples"] == 0  # (a loaded machine delays a sample)
+    # a window: only the child's part (the background switch's window in the training benchmark)
+    late = startup_stacks.summarize(tmp_path / "samples", launched, since_s=child["started_s"])
+    assert seconds_in(late[0], "wait_for_assets") == 0 and 0.8 <= seconds_in(late[1], "child_work") <= 2.0
 
 
 def test_names_take_the_innermost_application_frame_and_the_library_below_it():
@@ -61,3 +64,5 @@ def test_names_take_the_innermost_application_frame_and_the_library_below_it():
     # flashsac_opt's own unilab subpackage, and a UniLab copy in a folder named unilab
     assert startup_stacks.name_of([("/repo/flashsac_opt/unilab/adapter.py", "f")]) == "flashsac_opt/unilab/adapter.py:f"
     assert startup_stacks.name_of([("/w/unilab/patched/unilab/base/env.py", "g")]) == "unilab/base/env.py:g"
+    # inside a library: the innermost frames, outermost first
+    assert startup_stacks.name_in_library(stack, depth=2) == "torch/_dynamo/eval.py:run < torch/_inductor/codecache.py:compile"

@@ -97,11 +97,19 @@ def _samples(text: str) -> list[tuple[float, list[tuple[str, str]]]]:
     return out
 
 
-def summarize(folder: Path, launched: float, until_s: float | None = None) -> list[dict]:
+def name_in_library(stack: list[tuple[str, str]], depth: int = 3) -> str:
+    """A main-thread stack named by its innermost ``depth`` frames (innermost last): where inside
+    torch a compile spends its time, which ``name_of`` sums into one application frame."""
+    return " < ".join(f"{_short(path)}:{func}" for path, func in reversed(stack[:depth]))
+
+
+def summarize(folder: Path, launched: float, until_s: float | None = None, since_s: float | None = None,
+              namer=name_of) -> list[dict]:
     """Per sampled process (oldest first): its command, start (s since launch), and where its main
-    thread was in the samples taken before ``until_s`` s after launch: seconds per name (largest
-    first; each sample counts the time since the one before) and the segments of consecutive
-    samples with one name (at least two samples)."""
+    thread was in the samples taken before ``until_s`` (and from ``since_s``) s after launch:
+    seconds per name (largest first; each sample counts the time since the one before) and the
+    segments of consecutive samples with one name (at least two samples). ``namer``: name_of, or
+    name_in_library for the frames inside a library."""
     procs = []
     for path in sorted(folder.glob("stacks_*.txt")):
         text = path.read_text(errors="replace")
@@ -109,10 +117,15 @@ def summarize(folder: Path, launched: float, until_s: float | None = None) -> li
         if not head:
             continue
         started = float(head["t"]) - launched
-        samples = [(t - launched, name_of(stack)) for t, stack in _samples(text)]
+        samples = [(t - launched, namer(stack)) for t, stack in _samples(text)]
         if until_s is not None:
             samples = [s for s in samples if s[0] <= until_s]
-        spans = [(t, t - (samples[k - 1][0] if k else started), name) for k, (t, name) in enumerate(samples)]
+        first_at = started
+        if since_s is not None:
+            earlier = [t for t, _ in samples if t < since_s]
+            first_at = max(earlier) if earlier else started
+            samples = [s for s in samples if s[0] >= since_s]
+        spans = [(t, t - (samples[k - 1][0] if k else first_at), nm) for k, (t, nm) in enumerate(samples)]
         seconds: Counter = Counter()
         for _, dt, name in spans:
             seconds[name] += dt
