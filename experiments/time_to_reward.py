@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
 from common import REWARD_WINDOW, moving_mean, percentile, read_json, training_reports, write_report  # noqa: E402
+from device.trainings import run_tag as trainings_run_tag  # noqa: E402
 from report import plotting  # noqa: E402
 from report.summarize_startup import phases as startup_phases  # noqa: E402
 from report.summarize_trainings import summarize_run  # noqa: E402
@@ -445,9 +446,8 @@ def protocol_main(args) -> int:
 
 
 def run_tag(args, name_tag: str | None = None) -> str:
-    from device.trainings import run_tag as tag  # the trainings' own naming
-
-    return tag(args.updates, args.batch, args.envs, args.replay_buffer_n, name_tag)
+    """The trainings' own name for this configuration (training_<tag>_<learner>_<mode>_s<seed>)."""
+    return trainings_run_tag(args.updates, args.batch, args.envs, args.replay_buffer_n, name_tag)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -370,3 +370,53 @@ def test_trainings_runs_every_training_and_exits_non_zero_naming_those_that_fail
         argv = ["--updates", "8", *no_eval, "--time-limit", "580", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
                 "flashsac_opt:graph:2"]
         assert trainings.main(argv) == 0 and prepared == copies
+
+
+def test_first_compiled_update_is_the_switch_after_a_child_and_none_when_it_never_came():
+    child = {"learner_constructed": {"compile_ahead": True}, "compile_ahead_done": {"child": True}}
+    assert ttr.first_compiled_update({**child, "background_compile_switched_s": 110.8}, 40.5) == 110.8
+    assert ttr.first_compiled_update(child, 34.9) is None  # cut before the switch: it never trained compiled
+    assert ttr.first_compiled_update({"learner_constructed": {"compile_ahead": True}}, 30.0) is None  # the child still running
+    warm = {"learner_constructed": {"compile_ahead": True}, "compile_ahead_done": {"child": False}}
+    assert ttr.first_compiled_update(warm, 21.9) == 21.9 and ttr.first_compiled_update({}, 51.5) == 51.5  # warm; stock
+
+
+def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(tmp_path, monkeypatch):
+    # the trainings are stood in for by copies of one committed training JSON; what is checked is the
+    # protocol: order, caches, switches, names, and the verdicts it reads back
+    calls = []
+    template = json.loads(TEMPLATE.read_text())
+
+    def fake_run(cmd, env):
+        calls.append((cmd, env))
+        cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+        runs = [a for a in cmd if re.fullmatch(r"(unilab|flashsac_opt):graph:\d+", a)]
+        tag = cmd[cmd.index("--name-tag") + 1] + "_" if "--name-tag" in cmd else ""
+        for run in runs:
+            learner, _, seed = run.split(":")
+            report = copy.deepcopy(template)
+            report["learner"], report["training_config"]["seed"] = learner, int(seed)
+            report["inductor_cache_at_launch"] = {"dir": str(cache), "files": len(list(cache.rglob("*"))), "warm": bool(list(cache.rglob("*")))}
+            (cache / f"kernel_{learner}_{seed}").write_text("x")  # what a training leaves in its cache
+            (tmp_path / "out" / f"training_u64_b256_r512_{tag}{learner}_graph_s{seed}.json").write_text(json.dumps(report))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(ttr.subprocess, "run", fake_run)
+    stale = tmp_path / "work" / "cache_flashsac_opt"
+    stale.mkdir(parents=True)
+    (stale / "old_kernel").write_text("x")  # a cache from before must not make seed 1 warm
+    args = ["protocol", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--learners", "flashsac_opt", "unilab",
+            "--startup-pairs", "1", "--time-limit", "900"]
+    monkeypatch.setattr(ttr.plotting, "save", lambda fig, path: None)
+    assert ttr.main(args) == 0
+    (ours, _), (stock, _), (spawn, spawn_env), (preload, preload_env) = calls
+    assert [a for a in ours if ":graph:" in a] == ["flashsac_opt:graph:1", "flashsac_opt:graph:2", "flashsac_opt:graph:3"]
+    assert "--stop-at-reward" in ours and "--stop-at-reward" in stock
+    assert any(a.startswith("--override=training.torch_threads.compile_threads=") for a in stock)
+    assert spawn_env["FLASHSAC_OPT_COLLECTOR_PRELOAD"] == "0" and preload_env["FLASHSAC_OPT_COLLECTOR_PRELOAD"] == "1"
+    assert spawn_env["TORCHINDUCTOR_CACHE_DIR"] == str(stale)  # the pairs: on what the patched seeds left
+    report = json.loads((tmp_path / "out" / "time_to_reward_protocol.json").read_text())
+    verdicts = report["protocol"]["verdicts"]
+    assert verdicts["flashsac_opt"]["cold_seed_cache_warm_at_launch"] is False  # emptied before seed 1
+    assert verdicts["flashsac_opt"]["seeds"] == [1, 2, 3] and verdicts["unilab"]["seeds"] == [1, 2, 3]
+    assert [p["collector"] for p in report["protocol"]["startup_pairs"]] == ["UniLab's spawn", "preloaded (patches/0005)"]

@@ -24,7 +24,6 @@ import importlib
 import multiprocessing
 import os
 import sys
-import time
 
 DISABLE_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD"  # "0": UniLab's spawn, nothing preloaded
 _SERVER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"  # set only while the server starts
@@ -46,7 +45,6 @@ PRELOAD_MODULES = (
 )
 
 _context: multiprocessing.context.BaseContext | None = None
-server_import_report: dict = {}  # in the server: seconds per module, skipped modules
 
 
 def enabled() -> bool:
@@ -79,10 +77,6 @@ def start_preload() -> bool:
                 os.environ[key] = value
     _context = context
     return True
-
-
-def preloaded() -> bool:
-    return _context is not None
 
 
 def process_args(context, target, target_fn, error_conn, kwargs: dict):
@@ -130,13 +124,10 @@ def _import_collector_modules() -> None:
     """In the server: import what the collector needs. A module that fails is reported and
     skipped (the collector then imports it itself, as under spawn); the server must not die."""
     for name in PRELOAD_MODULES:
-        start = time.perf_counter()
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - any failure only costs the collector its import
-            server_import_report.setdefault("skipped", {})[name] = repr(exc)
             print(f"flashsac_opt collector preload: {name} not preloaded: {exc!r}", file=sys.stderr)
-        server_import_report[name] = time.perf_counter() - start
     try:
         from unilab.training.common import ensure_registries  # the env modules the registry names
 
