@@ -409,9 +409,12 @@ def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(
             "--startup-pairs", "1", "--time-limit", "900"]
     monkeypatch.setattr(ttr.plotting, "save", lambda fig, path: None)
     assert ttr.main(args) == 0
-    (ours, _), (stock, _), (spawn, spawn_env), (preload, preload_env) = calls
-    assert [a for a in ours if ":graph:" in a] == ["flashsac_opt:graph:1", "flashsac_opt:graph:2", "flashsac_opt:graph:3"]
-    assert "--stop-at-reward" in ours and "--stop-at-reward" in stock
+    (ours_cold, _), (ours, _), (stock_cold, _), (stock, _), (spawn, spawn_env), (preload, preload_env) = calls
+    # the cold seed alone with its own limit, then the warm ones
+    assert [a for a in ours_cold if ":graph:" in a] == ["flashsac_opt:graph:1"]
+    assert ours_cold[ours_cold.index("--time-limit") + 1] == "200"
+    assert [a for a in ours if ":graph:" in a] == ["flashsac_opt:graph:2", "flashsac_opt:graph:3"]
+    assert "--stop-at-reward" in ours and "--stop-at-reward" in stock and [a for a in stock_cold if ":graph:" in a] == ["unilab:graph:1"]
     assert any(a.startswith("--override=training.torch_threads.compile_threads=") for a in stock)
     assert spawn_env["FLASHSAC_OPT_COLLECTOR_PRELOAD"] == "0" and preload_env["FLASHSAC_OPT_COLLECTOR_PRELOAD"] == "1"
     assert spawn_env["TORCHINDUCTOR_CACHE_DIR"] == str(stale)  # the pairs: on what the patched seeds left
