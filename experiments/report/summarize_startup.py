@@ -116,9 +116,10 @@ def plot(runs: dict, path: Path) -> None:
     ax.barh(names, rest, left=left, color="lightgrey", label="no milestones (stock UniLab) / after the first update's end")
     plotting.finish_axis(ax, "seconds since UniLab's train was launched", "", "Launch -> first learner update, by phase", legend=False)
     ax.invert_yaxis()
-    # under the bars, so it never hides one
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, frameon=False)
-    plotting.save(fig, path)
+    # under the bars, so it never hides one; the figure's width, not the axes' (long run names push
+    # the axes right, and an axes-centred legend ran off the figure's edge)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="lower center", ncol=2, frameon=False)
+    plotting.save(fig, path, rect=(0, 0.2, 1, 1))
 
 
 def main(argv: list[str] | None = None) -> int:
