@@ -238,8 +238,13 @@ class UniLabFlashSACLearner:
             if switching:
                 # how much of the switch the child's caches served (a miss compiles here, on one worker)
                 phases = {k: round(v - before[1].get(k, 0.0), 3) for k, v in compile_time_totals().items()}
+                engine = self.learner.engine
                 self._device_work_done("background_compile_switched", caches=compile_cache_counters(since=before[0]),
-                                       compile_phases_s=phases)
+                                       compile_phases_s=phases,
+                                       # the keyed compile-cache file (Triton's kernels among its artifacts): the
+                                       # child's and this process's, and whether this process loaded one
+                                       child_compile_cache_file=(self.compile_ahead_report or {}).get("compile_cache_file"),
+                                       compile_cache_file=engine.compile_cache_file, compile_cache_loaded=engine.compile_cache_loaded)
 
     def _compile_workers(self) -> contextlib.AbstractContextManager:
         """Inductor's workers for a compile in this process: every CPU for a cold compile; none
