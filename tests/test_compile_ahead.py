@@ -483,3 +483,21 @@ def test_compile_cache_counters_are_counted_from_a_given_point():
     counters["inductor"]["fxgraph_cache_hit"] += 3
     counters["aot_autograd"]["autograd_cache_miss"] += 1
     assert compile_cache_counters(since=before) == {"fxgraph_hit": 3, "fxgraph_miss": 0, "aot_autograd_hit": 0, "aot_autograd_miss": 1}
+
+
+def test_the_switch_event_names_the_compile_cache_files_and_what_the_caches_served():
+    import types
+
+    from torch._dynamo.utils import counters
+
+    from flashsac_opt.unilab.adapter import compile_cache_counters, compile_time_totals, switch_details
+
+    before = (compile_cache_counters(), compile_time_totals())
+    counters["inductor"]["fxgraph_cache_hit"] += 2
+    engine = types.SimpleNamespace(compile_cache_file="/c/key.bin", compile_cache_loaded=True)
+    details = switch_details(before, engine, {"compile_cache_file": "/c/child.bin"})
+    assert details["caches"]["fxgraph_hit"] == 2 and details["caches"]["fxgraph_miss"] == 0
+    assert (details["child_compile_cache_file"], details["compile_cache_file"], details["compile_cache_loaded"]) == ("/c/child.bin", "/c/key.bin", True)
+    assert all(v >= 0 for v in details["compile_phases_s"].values())
+    assert switch_details(before, engine, None)["child_compile_cache_file"] is None
+

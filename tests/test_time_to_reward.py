@@ -407,7 +407,7 @@ def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(
     (stale / "old_kernel").write_text("x")  # a cache from before must not make seed 1 warm
     args = ["protocol", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--learners", "flashsac_opt", "unilab",
             "--startup-pairs", "1", "--time-limit", "900"]
-    monkeypatch.setattr(ttr.plotting, "save", lambda fig, path: None)
+    monkeypatch.setattr(ttr.plotting, "save", lambda fig, path, **kwargs: None)
     assert ttr.main(args) == 0
     (ours_cold, _), (ours, _), (stock_cold, _), (stock, _), (spawn, spawn_env), (preload, preload_env) = calls
     # the cold seed alone with its own limit, then the warm ones

@@ -82,6 +82,18 @@ def compile_cache_counters(since: dict[str, int] | None = None) -> dict[str, int
     return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
 
 
+def switch_details(before: tuple[dict, dict], engine: Any, child_report: dict | None) -> dict[str, Any]:
+    """The background switch's start-up event: how much of it the child's caches served (a miss
+    compiles here, on one worker), where its compile time went since ``before`` (counters,
+    compile_time_totals), and the keyed compile-cache files (Triton's kernels among their
+    artifacts): the child's, this process's, and whether this process loaded one."""
+    counters, totals = before
+    return {"caches": compile_cache_counters(since=counters),
+            "compile_phases_s": {k: round(v - totals.get(k, 0.0), 3) for k, v in compile_time_totals().items()},
+            "child_compile_cache_file": (child_report or {}).get("compile_cache_file"),
+            "compile_cache_file": engine.compile_cache_file, "compile_cache_loaded": engine.compile_cache_loaded}
+
+
 def nccl_transport_notice(device_type: str, environ: dict[str, str]) -> str | None:
     """What a data-parallel CUDA run should be told when NCCL's peer-to-peer and shared-memory
     transports are off, as UniLab 1.5.2's DpParameterSync turns them off unless exported (it found
@@ -236,15 +248,7 @@ class UniLabFlashSACLearner:
             with self._compile_workers() if switching else contextlib.nullcontext():
                 self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
             if switching:
-                # how much of the switch the child's caches served (a miss compiles here, on one worker)
-                phases = {k: round(v - before[1].get(k, 0.0), 3) for k, v in compile_time_totals().items()}
-                engine = self.learner.engine
-                self._device_work_done("background_compile_switched", caches=compile_cache_counters(since=before[0]),
-                                       compile_phases_s=phases,
-                                       # the keyed compile-cache file (Triton's kernels among its artifacts): the
-                                       # child's and this process's, and whether this process loaded one
-                                       child_compile_cache_file=(self.compile_ahead_report or {}).get("compile_cache_file"),
-                                       compile_cache_file=engine.compile_cache_file, compile_cache_loaded=engine.compile_cache_loaded)
+                self._device_work_done("background_compile_switched", **switch_details(before, self.learner.engine, self.compile_ahead_report))
 
     def _compile_workers(self) -> contextlib.AbstractContextManager:
         """Inductor's workers for a compile in this process: every CPU for a cold compile; none
