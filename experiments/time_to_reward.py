@@ -97,7 +97,9 @@ def first_compiled_update(timeline: dict, first_update_s: float | None) -> float
     which compiles in its first update)."""
     if "background_compile_switched_s" in timeline:
         return timeline["background_compile_switched_s"]
-    if (timeline.get("compile_ahead_done") or {}).get("child") or (timeline.get("learner_constructed") or {}).get("compile_ahead") and "compile_ahead_done" not in timeline:
+    child_done = (timeline.get("compile_ahead_done") or {}).get("child")
+    child_running = (timeline.get("learner_constructed") or {}).get("compile_ahead") and "compile_ahead_done" not in timeline
+    if child_done or child_running:
         return None
     return first_update_s
 
@@ -347,12 +349,17 @@ TRAININGS = Path(__file__).resolve().parent / "device" / "trainings.py"
 STARTUP_PAIR_S = 80  # one start-up pair member: launch, first update (~30-45 s warm), 120 iterations, shutdown
 
 
-def empty_cache_env(folder: Path) -> dict[str, str]:
-    """An empty Inductor, Triton and flashsac_opt compile cache at ``folder`` (emptied first)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+def cache_env(folder: Path) -> dict[str, str]:
+    """The Inductor, Triton and flashsac_opt compile caches at ``folder``."""
     return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton"),
             "FLASHSAC_OPT_CACHE_DIR": str(folder / "flashsac_opt")}
+
+
+def empty_cache_env(folder: Path) -> dict[str, str]:
+    """``cache_env`` of ``folder``, emptied first."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return cache_env(folder)
 
 
 def trainings_command(args, runs: list[str], seconds: float, *extra: str) -> list[str]:
@@ -399,20 +406,17 @@ def protocol_main(args) -> int:
         done.append({"learner": learner, "cache": cache["TORCHINDUCTOR_CACHE_DIR"], "runs": runs, "cold_seed_limit_s": cold_s,
                      "exit_status": code})
     pairs = []
-    warm = args.work / "cache_flashsac_opt"  # what the patched seeds left
-    cache = dict(env, TORCHINDUCTOR_CACHE_DIR=str(warm), TRITON_CACHE_DIR=str(warm / "triton"), FLASHSAC_OPT_CACHE_DIR=str(warm / "flashsac_opt"))
+    cache = {**env, **cache_env(args.work / "cache_flashsac_opt")}  # what the patched seeds left
     for k in range(args.startup_pairs):
         for preload, tag in (("0", "startup_spawn"), ("1", "startup_preload")):
             seed = 11 + k
             cmd = trainings_command(args, [f"flashsac_opt:graph:{seed}"], STARTUP_PAIR_S, "--iterations", "120", "--name-tag", tag)
             code = subprocess.run(cmd, env={**cache, "FLASHSAC_OPT_COLLECTOR_PRELOAD": preload}).returncode
-            name = f"training_{run_tag(args, tag)}_flashsac_opt_graph_s{seed}.json"
-            row = startup_pair_row(read_json(args.out / name)) if (args.out / name).is_file() else {}
+            file = training_file(args, "flashsac_opt", seed, tag)
+            row = startup_pair_row(read_json(file)) if file.is_file() else {}
             pairs.append({"pair": k, "collector": "preloaded (patches/0005)" if preload == "1" else "UniLab's spawn",
-                          "file": name, "exit_status": code, **row})
-    files = [args.out / f"training_{run_tag(args)}_{r.replace(':', '_').replace('_graph_', '_graph_s')}.json"
-             for d in done for r in d["runs"]]
-    files = [f for f in files if f.is_file()]
+                          "file": file.name, "exit_status": code, **row})
+    files = [f for learner in args.learners for seed in args.seeds if (f := training_file(args, learner, seed)).is_file()]
     report = build_report(files, args.last) if files else {"groups": [], "runs": []}
     by_learner: dict = {}
     for run in report["runs"]:
@@ -421,13 +425,12 @@ def protocol_main(args) -> int:
     for learner, runs in by_learner.items():
         runs.sort(key=lambda r: r["seed"])
         ttr = [(r["time_to_reward"]["30"] or {}).get("seconds") for r in runs]
-        cold = runs[0]
+        median, cold = median_or_none(ttr), runs[0]
         verdicts[learner] = {
             "seeds": [r["seed"] for r in runs], "cold_seed": cold["seed"], "cold_seed_cache_warm_at_launch": cold["inductor_cache_warm_at_launch"],
-            "time_to_reward_30_s": ttr, "median_time_to_reward_30_s": median_or_none(ttr),
+            "time_to_reward_30_s": ttr, "median_time_to_reward_30_s": median,
             "first_update_s": [r["first_update_s"] for r in runs], "first_compiled_update_s": [r["first_compiled_update_s"] for r in runs],
-            "meets_targets": (len(runs) >= MIN_SEEDS and median_or_none(ttr) is not None
-                              and median_or_none(ttr) <= TARGETS["median_time_to_reward_30_s"]
+            "meets_targets": (len(runs) >= MIN_SEEDS and median is not None and median <= TARGETS["median_time_to_reward_30_s"]
                               and ttr[0] is not None and ttr[0] <= TARGETS["cold_seed_time_to_reward_30_s"]),
         }
     report["protocol"] = {
@@ -455,9 +458,10 @@ def protocol_main(args) -> int:
     return 0 if all(d["exit_status"] == 0 for d in done) else 1
 
 
-def run_tag(args, name_tag: str | None = None) -> str:
-    """The trainings' own name for this configuration (training_<tag>_<learner>_<mode>_s<seed>)."""
-    return trainings_run_tag(args.updates, args.batch, args.envs, args.replay_buffer_n, name_tag)
+def training_file(args, learner: str, seed: int, name_tag: str | None = None) -> Path:
+    """Where trainings.py writes a graph-mode training of this configuration (its own naming)."""
+    tag = trainings_run_tag(args.updates, args.batch, args.envs, args.replay_buffer_n, name_tag)
+    return args.out / f"training_{tag}_{learner}_graph_s{seed}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
