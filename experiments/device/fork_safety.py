@@ -14,7 +14,10 @@ import traceback
 
 import torch
 
-from flashsac_opt.unilab.collector_start import PRELOAD_MODULES
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # experiments/: common
+from common import run_environment  # noqa: E402
+
+from flashsac_opt.unilab.collector_start import PRELOAD_MODULES  # noqa: E402
 
 queries: list[dict] = []
 _real = torch._C._cuda_getDeviceCount
@@ -58,7 +61,8 @@ def main() -> int:
             importlib.import_module(name)
         steps.append({"step": name, "new_queries": queries[before:], "cuda_initialized": torch.cuda.is_initialized(), **child_can_use_cuda()})
         print(name, steps[-1]["child"], len(queries) - before, flush=True)
-    json.dump({"steps": steps, "torch": torch.__version__}, open(args.output, "w"), indent=1)
+    json.dump({"experiment": "fork_safety", "command": " ".join(sys.argv), "environment": run_environment("cuda", ("triton",)),
+               "steps": steps, "torch": torch.__version__}, open(args.output, "w"), indent=1)
     return 0
 
 
