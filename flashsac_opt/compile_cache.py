@@ -24,6 +24,8 @@ from typing import Any, Mapping
 
 import torch
 
+from flashsac_opt import toolchain
+
 AUTO = "auto"  # compile_cache_file value: the keyed file in default_dir()
 ENV_DIR = "FLASHSAC_OPT_CACHE_DIR"
 KEY_FORMAT = "flashsac_opt.compile_cache/1"
@@ -59,6 +61,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "triton": _version("triton"),
         "python": platform.python_version(),
         "flashsac_opt": _version("flashsac-opt"),
+        # Triton's kernel keys hold the assembler's version: a file of kernels built with
+        # another one would load and then miss (toolchain.py)
+        "triton_ptxas": os.environ.get(toolchain.PTXAS_VARIABLE),
     }
 
 
@@ -122,18 +127,3 @@ def save(path: str | Path) -> bool:
     os.replace(tmp, file)
     return True
 
-
-def align_triton_toolchain() -> None:
-    """Pick Triton's assembler once for this process and every process it starts, before any
-    compile: the one Inductor's compile workers pick (torch's bundled ``ptxas``, exported as
-    TRITON_PTXAS_PATH when the wheel has one). The assembler's version is in Triton's cache key,
-    and torch 2.11 sets the variable only in its worker processes: kernels a compile-ahead child
-    built on its worker pool then missed Triton's cache when the training process loaded the
-    same graphs on one worker, in-process, with Triton's own ``ptxas``, and were built again
-    (issue 44: 26-31 s of a cold start; experiments/device/switch_cache.py). An explicit
-    TRITON_PTXAS_PATH is kept. Needs no GPU; a torch without the helper changes nothing."""
-    try:
-        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
-    except ImportError:
-        return
-    _set_triton_ptxas_path()

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
-from flashsac_opt import compile_cache, pdl
+from flashsac_opt import compile_cache, pdl, toolchain
 
 MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
@@ -245,8 +245,8 @@ class Engine:
         self._graph: CapturedIteration | None = CapturedIteration(self) if self.mode == "graph" else None
         if self.compiled:
             mark_static(*self.state)
-            if device.type == "cuda":  # before the first compile and any compile-ahead child
-                compile_cache.align_triton_toolchain()
+            if device.type == "cuda":  # before this process's first compile, for it and its children
+                toolchain.align_triton_toolchain()
         # The artifact file is loaded before the first compile and written after the first
         # iteration when it was not loaded. An explicit file is loaded now; "auto" names a file
         # by a key that needs the per-update rows, so it is resolved by the first batch.

@@ -10,10 +10,14 @@ compiles it on one Inductor worker (UniLab's budget at the switch). It records t
 seconds, the Triton cache entries the switch added (each one a Triton cache miss), how their
 metadata differs from the child's entry for the same kernel, and the Triton toolchain variables.
 
-Variants: ``as_is`` (the learner as it is), ``no_alignment`` (the toolchain alignment the
-learner applies, flashsac_opt.compile_cache.align_triton_toolchain, switched off).
+Every variant first compiles a small CUDA function, as UniLab's training process compiles its
+env reset before the learner exists (Triton reads its assembler's version once per process, at
+the first code generation: flashsac_opt/toolchain.py). Variants: ``launch_aligned`` (TRITON_PTXAS_PATH
+exported at the process's start, as the patched train script does), ``engine_aligned_late`` (only
+the engine's alignment, after that first compile), ``unaligned`` (no alignment in this process;
+the child aligns itself, as its workers always did).
 
-    python3 experiments/device/switch_cache.py --output switch_cache.json [--variants as_is no_alignment]
+    python3 experiments/device/switch_cache.py --output switch_cache.json [--variants NAME...]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
 TOOLCHAIN_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                        "TORCHINDUCTOR_COMPILE_THREADS", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH")
-VARIANTS = ("as_is", "no_alignment")
+VARIANTS = ("launch_aligned", "engine_aligned_late", "unaligned")
 
 
 def triton_entries(folder: Path) -> dict[str, dict]:
@@ -55,6 +59,32 @@ def metadata_difference(a: dict, b: dict) -> dict:
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in ("hash",)}
 
 
+def _version_of(ptxas: Path) -> str | None:
+    if not ptxas.is_file():
+        return None
+    lines = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    return lines[-1] if lines else None
+
+
+def key_ptxas_version() -> str | None:
+    """The assembler version in this process's Triton kernel keys (cached at its first use)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        text = get_ptxas_version(90)
+        return text.strip().splitlines()[-1] if text else None
+    except Exception as exc:  # noqa: BLE001
+        return repr(exc)
+
+
+def first_compile() -> None:
+    """A small Inductor compile on the GPU: what UniLab's env reset is in its training process."""
+    import torch
+
+    torch.compile(lambda x: (x * 2).sin() + 1)(torch.randn(1024, device="cuda"))
+    torch.cuda.synchronize()
+
+
 def toolchain() -> dict:
     """The Triton toolchain this process would use now, and the torch source that sets it."""
     import inspect
@@ -66,16 +96,16 @@ def toolchain() -> dict:
         ptxas = Path(torch.__file__).parent / "bin" / "ptxas"
         info["torch_bin_ptxas"] = {"path": str(ptxas), "exists": ptxas.is_file()}
         if ptxas.is_file():
-            info["torch_bin_ptxas"]["version"] = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
+            info["torch_bin_ptxas"]["version"] = _version_of(ptxas)
     except Exception as exc:  # noqa: BLE001
         info["torch_bin_ptxas"] = repr(exc)
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
+    try:  # each assembler's version by running it: Triton's own cached query would fix this process's
+        import triton
 
-        tool = get_ptxas() if "arch" not in inspect.signature(get_ptxas).parameters else get_ptxas(90)
-        info["triton_ptxas"] = {"path": tool.path, "version": tool.version}
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        info["triton_bundled_ptxas"] = {"path": str(bundled), "version": _version_of(bundled)}
     except Exception as exc:  # noqa: BLE001
-        info["triton_ptxas"] = repr(exc)
+        info["triton_bundled_ptxas"] = repr(exc)
     info["triton_cache_invalidating"] = None
     for module_name in ("triton.knobs", "triton.runtime.cache", "triton.compiler.compiler", "triton._utils"):
         try:
@@ -98,14 +128,18 @@ def variant(name: str, report: Path) -> int:
     import torch
     from torch._inductor import config as inductor_config
 
-    from flashsac_opt import compile_ahead, compile_cache
+    from flashsac_opt import compile_ahead
+    from flashsac_opt import toolchain as flashsac_toolchain
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
     from flashsac_opt.testing.oracle import synthetic_batch
     from flashsac_opt.unilab.adapter import compile_cache_counters
 
-    if name == "no_alignment":
-        compile_cache.align_triton_toolchain = lambda: None  # the engine calls it through the module
+    if name == "launch_aligned":
+        flashsac_toolchain.align_triton_toolchain()  # what the patched train script's launch hook does
+    elif name == "unaligned":
+        flashsac_toolchain.align_triton_toolchain = lambda: None  # the engine calls it through the module
+    first_compile()
     dims = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}  # G1's
     cfg = FlashSACConfig(learner_mode="graph", batch_size=256, updates_per_step=64, compile_cache_file=None)
     triton_dir = Path(os.environ["TRITON_CACHE_DIR"])
@@ -143,6 +177,7 @@ def variant(name: str, report: Path) -> int:
     out["metadata_differences"] = diffs
     out["added_without_child_namesake"] = sum(1 for v in added.values() if v["name"] not in by_name)
     out["toolchain_after_switch"] = toolchain()
+    out["key_ptxas_version"] = key_ptxas_version()  # this process's, fixed at its first compile
     report.write_text(json.dumps(out, indent=1, default=str))
     print(json.dumps({k: out[k] for k in ("variant", "switch_s", "switch_caches", "child_triton_entries", "switch_triton_entries_added")}), flush=True)
     return 0

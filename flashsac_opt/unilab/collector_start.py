@@ -16,6 +16,9 @@ MPS variables UniLab sets after launch). Everything after that is UniLab's own c
 
 The server never initializes CUDA (a forked child could not use it otherwise): importing torch,
 Dynamo and Inductor does not. FLASHSAC_OPT_COLLECTOR_PRELOAD=0 keeps UniLab's spawn.
+
+Being the patch's launch hook, `start_preload()` also fixes Triton's assembler for the whole
+training before anything compiles (flashsac_opt.toolchain), preload or not.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import importlib
 import multiprocessing
 import os
 import sys
+
+from flashsac_opt import toolchain
 
 DISABLE_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD"  # "0": UniLab's spawn, nothing preloaded
 _SERVER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"  # set only while the server starts
@@ -52,8 +57,11 @@ def enabled() -> bool:
 
 
 def start_preload() -> bool:
-    """Start the preloading server (once per process); False when disabled or unavailable."""
+    """Start the preloading server (once per process); False when disabled or unavailable.
+    First, in either case, one Triton assembler for this process and every process it starts
+    (toolchain.py): this is the launch hook, and it runs before anything has compiled."""
     global _context
+    toolchain.align_triton_toolchain()
     if _context is not None:
         return True
     if not enabled():
