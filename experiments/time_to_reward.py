@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -383,9 +384,18 @@ def protocol_main(args) -> int:
     """The cold-first protocol: per learner, seeds in sequence on an empty compile cache (the first
     seed cold, the next ones on what it left), each stopped at reward 30; then start-up pairs,
     UniLab's spawn against patches/0005's preloaded collector, alternating, on the warm cache."""
-    args.out.mkdir(parents=True, exist_ok=True)
     pairs_s = 2 * args.startup_pairs * STARTUP_PAIR_S
     share = (args.time_limit - pairs_s) / len(args.learners)
+    if args.dry_run:  # the device driver's dry run: the trainings it would start, at their most
+        for learner in args.learners:
+            runs = [f"{learner}:graph:{seed}" for seed in args.seeds]
+            cold_s = min(args.cold_seed_limit, share)
+            print(f"{learner}, cold seed on emptied caches: " + shlex.join(trainings_command(args, runs[:1], cold_s)))
+            if len(runs) > 1:
+                print(f"{learner}, warm seeds: " + shlex.join(trainings_command(args, runs[1:], share - cold_s)))
+        print(f"then {args.startup_pairs} start-up pair(s) of {STARTUP_PAIR_S:g} s each side")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     done: list[dict] = []
     for learner in args.learners:
@@ -490,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--figures", type=Path, help="where the figures go (default: --out)")
     p.add_argument("--time-limit", type=float, default=580.0, help="seconds for everything")
     p.add_argument("--last", type=int, default=500)
+    p.add_argument("--dry-run", action="store_true", help="print the trainings it would start, run nothing")
     args = parser.parse_args(argv)
     if args.command == "protocol":
         return protocol_main(args)

@@ -132,6 +132,31 @@ def test_dry_run_of_every_run_stays_within_the_device_limits(monkeypatch, capsys
     assert _driver("--dry-run", next(iter(matrix.runs))).returncode == 0  # and as a command
 
 
+def test_a_helper_whose_own_dry_run_fails_fails_the_dry_run(monkeypatch, capsys):
+    """switch_cache.py once measured for 5 minutes and then lost its JSON to an error in its last
+    line; its dry run now reaches that line, and the driver's dry run reports a helper's failure."""
+    real = subprocess.run
+
+    def helper_fails(cmd, *args, **kwargs):
+        if "--dry-run" in cmd and any(str(c).endswith("switch_cache.py") for c in cmd):
+            return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="TypeError: run_environment()")
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(driver.subprocess, "run", helper_fails)
+    assert driver.main(["--dry-run", "switch_cache"]) == 1
+    assert "!! the helper's own dry run failed: switch_cache (exit status 1)" in capsys.readouterr().out
+
+
+def test_switch_cache_dry_run_reaches_its_record(tmp_path):
+    """Its dry run builds the JSON's environment record (what failed on the device) and writes no file."""
+    out = tmp_path / "switch_cache.json"
+    done = subprocess.run([sys.executable, str(DEVICE / "switch_cache.py"), "--output", str(out), "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["launch_aligned", "engine_aligned_late", "unaligned"]
+    assert not out.exists()
+
+
 # ---- running on the CPU with stand-in scripts ------------------------------------------------
 
 STAND_IN = """

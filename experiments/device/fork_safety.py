@@ -20,7 +20,7 @@ from common import run_environment  # noqa: E402
 from flashsac_opt.unilab.collector_start import PRELOAD_MODULES  # noqa: E402
 
 queries: list[dict] = []
-_real = torch._C._cuda_getDeviceCount
+_real = getattr(torch._C, "_cuda_getDeviceCount", None)  # absent from CPU builds (the dry run there)
 
 
 def _recording(*args, **kwargs):
@@ -49,7 +49,11 @@ def child_can_use_cuda() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--output", required=True)
+    parser.add_argument("--dry-run", action="store_true", help="print the imports it would test, run nothing")
     args = parser.parse_args()
+    if args.dry_run:
+        print("imports one by one, a forked child creating a CUDA tensor after each: " + " ".join((*PRELOAD_MODULES, "ensure_registries")))
+        return 0
     torch._C._cuda_getDeviceCount = _recording
     steps = []
     for name in (*PRELOAD_MODULES, "ensure_registries"):

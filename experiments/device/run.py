@@ -394,7 +394,7 @@ def folder_mib(path: Path) -> float:
 def dry_run(matrix: Matrix, names: list[str], budget: float) -> int:
     out = Path("$OUT")
     used = 0  # seconds of the budget the runs before may take at most
-    cut = []
+    cut, failed_plans = [], []
     for name in names:
         run = matrix.runs[name]
         limit = int(min(run.limit, budget - used - STOP_GRACE_S))
@@ -413,6 +413,8 @@ def dry_run(matrix: Matrix, names: list[str], budget: float) -> int:
             plan = subprocess.run([sys.executable, *cmd[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True)
             for line in (plan.stdout + plan.stderr).splitlines():
                 print("     | " + line)
+            if plan.returncode:  # a helper that fails here would fail on the device, after its measurements
+                failed_plans.append(f"{name} (exit status {plan.returncode})")
     files = returned_files(matrix, names)
     carry = carried(matrix, names)
     size = tree_mib() + sum(folder_mib(REPO / c) for c in carry)
@@ -429,10 +431,12 @@ def dry_run(matrix: Matrix, names: list[str], budget: float) -> int:
     if cut:
         print(f"!! if the runs before use their whole limits, the budget cuts {', '.join(cut)}: consider another call")
     print(f"== device call: python3 experiments/device/run.py {' '.join(names)}")
+    if failed_plans:
+        print(f"!! the helper's own dry run failed: {', '.join(failed_plans)}")
     problems = len(files) > MAX_FILES or size > MAX_CARRY_MIB
     if problems:
         print("!! over the device's limits")
-    return 1 if problems else 0
+    return 1 if problems or failed_plans else 0
 
 
 def main(argv: list[str] | None = None) -> int:

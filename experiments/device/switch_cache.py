@@ -195,7 +195,10 @@ def main() -> int:
         return variant(args.variant, Path(args.report))
     from common import run_environment
 
-    results = []
+    # The environment first and the JSON rewritten after every variant: a failure later (the
+    # 2026-12-05 call lost its JSON to one at the very end) keeps what the earlier variants measured.
+    record = {"experiment": "switch_cache", "environment": run_environment("cuda" if torch_cuda() else "cpu"),
+              "command": " ".join(sys.argv), "variants": []}
     for name in args.variants:
         with tempfile.TemporaryDirectory(prefix=f"switch_cache_{name}_") as folder:
             cache = Path(folder) / "cache"
@@ -209,13 +212,15 @@ def main() -> int:
                 print(f"{name}: empty caches under {cache}; " + " ".join(command))
                 continue
             rc = subprocess.run(command, env=env).returncode
-            results.append(json.loads(report.read_text()) if report.is_file() else {"variant": name, "exit_status": rc})
-    if args.dry_run:
-        return 0
-    Path(args.output).write_text(json.dumps({"experiment": "switch_cache", "environment": run_environment(),
-                                             "command": " ".join(sys.argv), "variants": results}, indent=1, default=str))
+            record["variants"].append(json.loads(report.read_text()) if report.is_file() else {"variant": name, "exit_status": rc})
+        Path(args.output).write_text(json.dumps(record, indent=1, default=str))
     return 0
 
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 if __name__ == "__main__":
     sys.exit(main())
