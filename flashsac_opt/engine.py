@@ -159,6 +159,10 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
     return options
 
 
+def _as_it_is(fn: Callable) -> Callable:
+    return fn
+
+
 def mark_static(*tensors: torch.Tensor) -> None:
     """Declare persistent state as fixed-address graph inputs.
 
@@ -260,6 +264,7 @@ class Engine:
             self._open_compile_cache(self._cache_option)
         self.compile_deferred = False  # defer_compile(): iterations run uncompiled until compile_now()
         self._uncaptured_left = 0  # graph mode, deferred: iterations still to run without a capture
+        self.compiled_networks: frozenset[str] | None = None  # compile_only(): the rest run uncompiled
 
     def defer_compile(self) -> None:
         """Until ``compile_now()``, iterations run the update functions uncompiled (the split
@@ -272,6 +277,25 @@ class Engine:
             raise RuntimeError("defer_compile() must come before the first iteration")
         self.compile_deferred = True
         self._uncaptured_left = DEFERRED_ITERATIONS_UNCAPTURED if self._graph is not None else 0
+
+    def compile_only(self, names: Sequence[str]) -> None:
+        """Compile only the update functions of the networks ``names``; the others run uncompiled
+        (the split form, as deferred iterations do). For a compile-ahead child that fills the
+        caches with its share of the learner while another child compiles the rest: the FX graphs
+        and kernels of a network's update do not depend on whether the other networks' are
+        compiled, so the training process's compile finds both shares. No compile-cache file
+        here (it would hold one share under the whole learner's key): the training process writes
+        it after its own compile. Only before the first iteration, and only for a compiled mode."""
+        if not self.compiled:
+            raise ValueError("compile_only() is for learner_mode=compile or graph; eager compiles nothing")
+        if self._updates is not None:
+            raise RuntimeError("compile_only() must come before the first iteration")
+        unknown = sorted(set(names) - set(self._networks))
+        if unknown or not names:
+            raise ValueError(f"compile_only({list(names)!r}): networks are {sorted(self._networks)}")
+        self.compiled_networks = frozenset(names)
+        self._cache_option, self.compile_cache_file = None, None
+        self.compile_cache_loaded = self._save_cache_after_iteration = False
 
     def compile_now(self) -> None:
         """End ``defer_compile()``: the next iteration builds and compiles the update functions
@@ -339,8 +363,11 @@ class Engine:
             else:
                 fused = bool(self._fused_option)
             self.fused_update = fused and self._fusable
-            self._updates = {name: self._build(net) for name, net in self._networks.items()}
+            self._updates = {name: self._build(net, self._compiles(name)) for name, net in self._networks.items()}
         return self._updates
+
+    def _compiles(self, name: str) -> bool:
+        return self.compiled_networks is None or name in self.compiled_networks
 
     def _fused(self, net: NetworkUpdate) -> bool:
         return bool(self.fused_update) and net.compose_loss is None
@@ -351,7 +378,8 @@ class Engine:
         if self.fused_update is None or self.compile_deferred:
             return []
         return [
-            f"{name}_{part}" for name, net in self._networks.items() for part in (("step",) if self._fused(net) else ("loss", "apply"))
+            f"{name}_{part}" for name, net in self._networks.items() if self._compiles(name)
+            for part in (("step",) if self._fused(net) else ("loss", "apply"))
         ]
 
     def _inductor_options(self, rows: int | None) -> dict[str, Any] | None:
@@ -364,11 +392,12 @@ class Engine:
             return fn
         return compile_objective(fn, self._backend, self._inductor_options(self._rows), self._functorch_config)
 
-    def _build(self, net: NetworkUpdate) -> Callable[..., torch.Tensor]:
+    def _build(self, net: NetworkUpdate, compiles: bool = True) -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held
         # (metric values are copied out at once), so each update may begin a cudagraph-tree step.
         mark_step = self.mode == "compile"
-        if self._fused(net):
+        compile = self._compile if compiles else _as_it_is
+        if compiles and self._fused(net):
             step = self._compile(net.step)
 
             def fused(batch, noise, *args):
@@ -381,10 +410,10 @@ class Engine:
 
             return fused
         if net.compose_loss is not None:
-            loss_fn = net.compose_loss(self._compile, torch.cuda.Stream(self.device) if self._graph is not None else None)
+            loss_fn = net.compose_loss(compile, torch.cuda.Stream(self.device) if self._graph is not None else None)
         else:
-            loss_fn = self._compile(net.loss)
-        apply_fn, reduce = self._compile(net.apply), self._reduce
+            loss_fn = compile(net.loss)
+        apply_fn, reduce = compile(net.apply), self._reduce
 
         def split(batch, noise, *args):
             if mark_step:

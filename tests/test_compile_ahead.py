@@ -53,9 +53,9 @@ def test_a_failing_child_is_one_warning_naming_its_log():
     ahead = CompileAhead(small_cfg(learner_mode="graph"), DIMS, "cpu")
     with pytest.warns(UserWarning, match=r"compile-ahead child failed \(exit status 1: ValueError: learner_mode=graph needs a CUDA device"):
         assert not ahead.wait(timeout=300)
-    assert ahead.log.is_file() and "Traceback" in ahead.log.read_text()
+    assert ahead.logs[0].is_file() and "Traceback" in ahead.logs[0].read_text()
     ahead.stop()  # as at exit: the log the warning named stays
-    assert ahead.log.is_file()
+    assert ahead.logs[0].is_file()
     shutil.rmtree(ahead.folder)
 
 
@@ -73,9 +73,9 @@ def test_a_child_that_wrote_its_report_is_done_and_not_waited_for_through_its_te
     ahead = CompileAhead(small_cfg(), DIMS, "cpu")
     ahead.process.kill()
     ahead.process.wait()
-    ahead.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ahead.processes[0] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     assert ahead.running and not ahead.done
-    ahead.report_file.write_text(json.dumps({"seconds": 2.5, "compiled": True}))
+    ahead.report_files[0].write_text(json.dumps({"seconds": 2.5, "compiled": True}))
     assert ahead.done
     start = time.monotonic()
     assert ahead.wait()
@@ -104,8 +104,8 @@ def test_child_ends_itself_when_its_parent_is_killed():
         time.sleep(0.2)
     assert not alive(int(pid))
     # it was the watch, not the end of a compile: no report, and the log says why
-    assert not (Path(folder) / "report.json").exists()
-    assert "parent" in (Path(folder) / "child.log").read_text() and "is gone; exiting" in (Path(folder) / "child.log").read_text()
+    assert not (Path(folder) / "report_0.json").exists()
+    assert "parent" in (Path(folder) / "child_0.log").read_text() and "is gone; exiting" in (Path(folder) / "child_0.log").read_text()
     shutil.rmtree(folder)
 
 
@@ -134,6 +134,57 @@ def test_the_switch_names_its_modes_and_refuses_others(monkeypatch):
         compile_ahead.mode()
 
 
+def test_the_split_switch_names_its_values_and_refuses_others(monkeypatch):
+    monkeypatch.delenv(compile_ahead.SPLIT_ENV, raising=False)
+    assert compile_ahead.split_shares() is None  # the default: one child
+    for value, expected in (("0", None), ("off", None), ("1", compile_ahead.SPLIT_SHARES), ("yes", compile_ahead.SPLIT_SHARES)):
+        monkeypatch.setenv(compile_ahead.SPLIT_ENV, value)
+        assert compile_ahead.split_shares() == expected
+    monkeypatch.setenv(compile_ahead.SPLIT_ENV, "3")
+    with pytest.raises(ValueError, match="expected 0/off or 1/on"):
+        compile_ahead.split_shares()
+
+
+def test_compile_only_compiles_the_named_networks_and_runs_the_others_uncompiled(tmp_path):
+    from torch._dynamo.utils import counters
+
+    from flashsac_opt.learner import FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    def one_update(only):
+        torch._dynamo.reset()
+        counters.clear()
+        cache_file = tmp_path / f"artifacts_{only}.bin"
+        learner = FlashSACLearner(small_cfg(compile_backend="eager", compile_cache_file=str(cache_file)), *DIMS.values(), device="cpu")
+        if only:
+            learner.engine.compile_only(only)
+        learner.update(synthetic_batch(32, *DIMS.values(), torch.Generator().manual_seed(0)))
+        return learner, counters["stats"]["unique_graphs"], cache_file
+
+    learner, graphs, cache_file = one_update(["actor"])
+    assert learner.engine.compiled_names() == ["actor_step"] and graphs == 1
+    assert not cache_file.exists()  # one share's artifacts under the whole learner's key: never written
+    with pytest.raises(RuntimeError, match="before the first iteration"):
+        learner.engine.compile_only(["critic"])
+    whole, graphs, _ = one_update(None)
+    assert whole.engine.compiled_names() == ["critic_step", "actor_step"] and graphs == 2
+    fresh = FlashSACLearner(small_cfg(compile_backend="eager"), *DIMS.values(), device="cpu")
+    with pytest.raises(ValueError, match=r"networks are \['actor', 'critic'\]"):
+        fresh.engine.compile_only(["value"])
+    with pytest.raises(ValueError, match="eager compiles nothing"):
+        FlashSACLearner(small_cfg(learner_mode="eager"), *DIMS.values(), device="cpu").engine.compile_only(["actor"])
+
+
+def test_split_children_compile_a_share_each_and_report_as_one():
+    ahead = CompileAhead(small_cfg(), DIMS, "cpu", shares=compile_ahead.SPLIT_SHARES)
+    assert len(ahead.processes) == 2
+    assert ahead.wait(timeout=300)
+    children = ahead.report["children"]
+    assert [c["networks"] for c in children] == [["critic"], ["actor"]] and all(c["compiled"] for c in children)
+    assert ahead.report["seconds"] == max(c["seconds"] for c in children) and ahead.report["compile_cache_file"] is None
+    assert all(p.returncode == 0 for p in ahead.processes) and not ahead.folder.exists()
+
+
 def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles(require_unilab, monkeypatch, tmp_path, capsys):
     from torch._dynamo.utils import counters
 
@@ -145,7 +196,9 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
         in_this_process = False
 
         def __init__(self):
-            self.running, self.report, self.waited_s = True, {"seconds": 1.5, "rows": 64}, None
+            # two children's report as CompileAhead.wait merges it
+            children = [{"networks": [n], "seconds": t, "compile_phases_s": {"dynamo_total": t}} for n, t in (("critic", 1.5), ("actor", 0.8))]
+            self.running, self.report, self.waited_s = True, {"seconds": 1.5, "rows": 64, "children": children}, None
 
         def wait(self, timeout=None):
             self.waited_s = 0.0
@@ -177,6 +230,7 @@ def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles
     assert [e["event"] for e in logged] == ["learner_constructed", "prepare_for_collection_deferred", "first_update_start",
                                             "first_update_end", "compile_ahead_done", "background_compile_switched"]
     assert logged[4]["background"] and logged[4]["child_s"] == 1.5
+    assert [(c["networks"], c["compile_phases_s"]["dynamo_total"]) for c in logged[4]["children"]] == [(["critic"], 1.5), (["actor"], 0.8)]
     assert "the training ran 2 iterations uncompiled and compiles from its caches now" in capsys.readouterr().out
     # a data-parallel run stops the child (it compiles the single-process form): nothing is left deferred
     gate = Gate()
@@ -394,7 +448,7 @@ def test_unilab_runs_use_the_keyed_compile_cache_file_unless_turned_off():
 _CACHE_HIT_SCRIPT = """
 import json, sys, torch
 from torch._dynamo.utils import counters
-from flashsac_opt.compile_ahead import CompileAhead, precompile
+from flashsac_opt.compile_ahead import SPLIT_SHARES, CompileAhead, precompile
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
 
@@ -405,7 +459,8 @@ else:  # small networks, one block each: Inductor's CPU compile (C++ per kernel)
     cfg = FlashSACConfig(batch_size=16, updates_per_step=2, actor_hidden_dim=16, critic_hidden_dim=16, num_atoms=11,
                          actor_num_blocks=1, critic_num_blocks=1, learner_mode="compile")
     dims = (6, 7, 3)
-ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device)
+shares = SPLIT_SHARES if sys.argv[2] == "split" else None
+ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device, shares=shares)
 ok = ahead.wait()
 report = precompile(FlashSACLearner(cfg, *dims, device=device))
 print(json.dumps({"ok": ok, "child_s": ahead.report and ahead.report["seconds"], "parent_s": report["seconds"],
@@ -413,8 +468,9 @@ print(json.dumps({"ok": ok, "child_s": ahead.report and ahead.report["seconds"],
 """
 
 
+@pytest.mark.parametrize("children", ["one", "split"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, device):
+def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, device, children):
     # A fresh Inductor cache for both processes: every FX graph the parent needs must come
     # from the child (a miss is a second cold compile of that graph). This failed while the
     # child set its matmul precision through torch.set_float32_matmul_precision, which changes
@@ -425,7 +481,7 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
         # the child's cold compile of vectorized kernels took 80 s of this test's 95 on two cores,
         # scalar ones 41 s; what is checked is that the parent finds every graph the child compiled.
         env["TORCHINDUCTOR_VEC_ISA_OK"] = "0"
-    done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT, device], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT, device, children], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     print(report)  # the seconds, for the log

@@ -272,8 +272,12 @@ class UniLabFlashSACLearner:
         ahead, self._compile_ahead = self._compile_ahead, None
         compiled = ahead.wait()
         self.compile_ahead_report = {**(ahead.report or {}), "ok": compiled, "waited_s": ahead.waited_s}
-        startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s,
-                      child_s=(ahead.report or {}).get("seconds"), background=background, child=not ahead.in_this_process)
+        report = ahead.report or {}
+        # where the child's time went (torch's compile timers), per child when split
+        phases = [{"networks": c.get("networks"), "seconds": c.get("seconds"), "compile_phases_s": c.get("compile_phases_s")}
+                  for c in report.get("children", [report] if report.get("compile_phases_s") else [])]
+        startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s, child_s=report.get("seconds"),
+                      background=background, child=not ahead.in_this_process, children=phases)
         if background:
             self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
             if compiled:
