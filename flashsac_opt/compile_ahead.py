@@ -4,7 +4,7 @@ UniLab's runner compiles and captures the learner in ``prepare_for_collection``,
 collector process exists: the compile (40-150 s cold, depending on the host) and UniLab's own
 start-up (collector process, MuJoCo environments, ``learning_starts`` of random collection)
 run one after the other. ``CompileAhead`` starts a child process as soon as the learner is
-constructed. The child builds a learner with the same configuration and dimensions on the
+constructed (by default two, one per network: ``SPLIT_SHARES``). The child builds a learner with the same configuration and dimensions on the
 same device and runs one update on a synthetic batch of the same shape: that fills Inductor's
 on-disk caches (and the keyed compile-cache file, when the learner uses one). Meanwhile the
 parent returns from ``prepare_for_collection`` without compiling, so the collector starts; at
@@ -63,10 +63,11 @@ import torch
 
 ENV_SWITCH = "FLASHSAC_OPT_COMPILE_AHEAD"
 SPLIT_ENV = "FLASHSAC_OPT_COMPILE_AHEAD_SPLIT"
-# One child per network: Dynamo, AOTAutograd and Inductor's lowering run serially in the process
-# that compiles, and the critic's update is about two thirds of that work, the actor's one third
-# (125 s / 2 s tracing: 50.4 s and 25.1 s of compile_inner for a U64 learner on a CPU, 2026-12-05):
-# two children compile the two side by side, each with its own workers.
+# One child per network (the default): Dynamo, AOTAutograd and Inductor's lowering run serially
+# in the process that compiles, so two children compile the critic's and the actor's update side
+# by side, each with its own workers. The protocol's cold seed on the H200 (U64, MPS, one call,
+# results/startup/compile_ahead_split_2026-12-05/): one child 62.1 s; split, critic 35.9 s and
+# actor 37.4 s at once; compiled training from 75.3 s after launch instead of 100.8 s.
 SPLIT_SHARES = (("critic",), ("actor",))
 STOP_GRACE_S = 5.0
 DIMS = ("obs_dim", "critic_obs_dim", "action_dim")
@@ -114,10 +115,11 @@ def mode() -> str:
 
 
 def split_shares() -> tuple[tuple[str, ...], ...] | None:
-    """FLASHSAC_OPT_COMPILE_AHEAD_SPLIT: "1" (1/true/yes/on): one child per network
-    (SPLIT_SHARES); "0" (the default; 0/false/no/off/empty): one child for the whole learner.
+    """FLASHSAC_OPT_COMPILE_AHEAD_SPLIT: "1" (the default; 1/true/yes/on): one child per network
+    (SPLIT_SHARES); "0" (0/false/no/off/empty): one child for the whole learner, which also
+    writes the compile-cache file (split, the training process writes it after its switch).
     Anything else is refused."""
-    value = os.environ.get(SPLIT_ENV, "0").strip().lower()
+    value = os.environ.get(SPLIT_ENV, "1").strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return None
     if value in ("1", "true", "yes", "on"):

@@ -136,7 +136,7 @@ def test_the_switch_names_its_modes_and_refuses_others(monkeypatch):
 
 def test_the_split_switch_names_its_values_and_refuses_others(monkeypatch):
     monkeypatch.delenv(compile_ahead.SPLIT_ENV, raising=False)
-    assert compile_ahead.split_shares() is None  # the default: one child
+    assert compile_ahead.split_shares() == compile_ahead.SPLIT_SHARES  # the default: one child per network (measured: the module)
     for value, expected in (("0", None), ("off", None), ("1", compile_ahead.SPLIT_SHARES), ("yes", compile_ahead.SPLIT_SHARES)):
         monkeypatch.setenv(compile_ahead.SPLIT_ENV, value)
         assert compile_ahead.split_shares() == expected
@@ -459,11 +459,15 @@ else:  # small networks, one block each: Inductor's CPU compile (C++ per kernel)
     cfg = FlashSACConfig(batch_size=16, updates_per_step=2, actor_hidden_dim=16, critic_hidden_dim=16, num_atoms=11,
                          actor_num_blocks=1, critic_num_blocks=1, learner_mode="compile")
     dims = (6, 7, 3)
-shares = SPLIT_SHARES if sys.argv[2] == "split" else None
-ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device, shares=shares)
-ok = ahead.wait()
+cfg.compile_cache_file = sys.argv[3]  # the training's keyed file: written by the child, or (split) by this process
+ok, child_s = True, None
+if sys.argv[2] != "from_file":  # from_file: another machine's first run, with only the file
+    shares = SPLIT_SHARES if sys.argv[2] == "split" else None
+    ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device, shares=shares)
+    ok, child_s = ahead.wait(), ahead.report and ahead.report["seconds"]
 report = precompile(FlashSACLearner(cfg, *dims, device=device))
-print(json.dumps({"ok": ok, "child_s": ahead.report and ahead.report["seconds"], "parent_s": report["seconds"],
+print(json.dumps({"ok": ok, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
+                  "saved": report["compile_cache_saved"],
                   "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}))
 """
 
@@ -475,17 +479,31 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
     # from the child (a miss is a second cold compile of that graph). This failed while the
     # child set its matmul precision through torch.set_float32_matmul_precision, which changes
     # a setting in the cache key.
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "inductor" / "triton")}
+    env = dict(os.environ)
     if device == "cpu":
         # Scalar C++ kernels for both processes (the same setting in both, so the same cache keys):
         # the child's cold compile of vectorized kernels took 80 s of this test's 95 on two cores,
         # scalar ones 41 s; what is checked is that the parent finds every graph the child compiled.
         env["TORCHINDUCTOR_VEC_ISA_OK"] = "0"
-    done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT, device, children], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    print(report)  # the seconds, for the log
+    file = str(tmp_path / "artifacts.bin")
+
+    def run(how: str, cache: str) -> dict:
+        cache_env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / cache), "TRITON_CACHE_DIR": str(tmp_path / cache / "triton")}
+        done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT, device, how, file], env={**env, **cache_env},
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        print(report)  # the seconds, for the log
+        return report
+
+    report = run(children, "inductor")
     assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report
+    # one child writes the keyed file and this process loads it; split children write none (each
+    # holds one share) and this process writes it from what it found in the caches
+    assert (report["loaded"], report["saved"]) == ((True, False) if children == "one" else (False, True)), report
+    if children == "split":  # that file alone serves a fresh cache: nothing compiled again
+        again = run("from_file", "fresh")
+        assert again["loaded"] and again["hits"] > 0 and again["misses"] == 0, again
 
 
 def test_parallel_compile_sets_inductors_workers_inside_and_restores_them():
