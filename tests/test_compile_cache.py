@@ -156,14 +156,15 @@ def test_a_loaded_cache_file_replaces_the_compile_ahead_child(monkeypatch):
 
     started = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the decision only: nothing runs on a GPU
-    monkeypatch.setattr(compile_ahead.CompileAhead, "__init__", lambda self, cfg, dims, device: started.append(cfg))
+    monkeypatch.setattr(compile_ahead.CompileAhead, "__init__", lambda self, cfg, dims, device, shares=None: started.append((cfg, shares)))
     cfg, cuda = FlashSACConfig(**TINY), torch.device("cuda")
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "background")
+    monkeypatch.delenv(compile_ahead.SPLIT_ENV, raising=False)
     warm = compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, cuda, compiled=True, warm_cache=lambda: "/c/key.bin")
     assert isinstance(warm, compile_ahead.WarmCache) and warm.done and warm.in_this_process and not started
     assert warm.wait() and warm.report == {"seconds": 0.0, "compile_cache_file": "/c/key.bin", "child": False}
     cold = compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, cuda, compiled=True, warm_cache=lambda: None)
-    assert type(cold) is compile_ahead.CompileAhead and not cold.in_this_process and started == [cfg]
+    assert type(cold) is compile_ahead.CompileAhead and not cold.in_this_process and started == [(cfg, compile_ahead.SPLIT_SHARES)]  # one child per network
     monkeypatch.setenv(compile_ahead.ENV_SWITCH, "wait")  # the first update waits for a child: as before
     assert type(compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, cuda, compiled=True, warm_cache=lambda: "/c/key.bin")) is compile_ahead.CompileAhead
     assert compile_ahead.CompileAhead.start_if_useful(cfg, DIMS, torch.device("cpu"), compiled=True, warm_cache=lambda: "x") is None
