@@ -4,8 +4,9 @@ UniLab's runner compiles and captures the learner in ``prepare_for_collection``,
 collector process exists: the compile (40-150 s cold, depending on the host) and UniLab's own
 start-up (collector process, MuJoCo environments, ``learning_starts`` of random collection)
 run one after the other. ``CompileAhead`` starts a child process as soon as the learner is
-constructed (by default two, one per network: ``SPLIT_SHARES``). The child builds a learner with the same configuration and dimensions on the
-same device and runs one update on a synthetic batch of the same shape: that fills Inductor's
+constructed (by default two, one per network: ``SPLIT_SHARES``). The child builds a learner
+with the same configuration and dimensions on the same device and runs one update on a
+synthetic batch of the same shape: that fills Inductor's
 on-disk caches (and the keyed compile-cache file, when the learner uses one). Meanwhile the
 parent returns from ``prepare_for_collection`` without compiling, so the collector starts; at
 its first update it waits for the child and compiles from the warm caches (seconds).
@@ -69,6 +70,8 @@ SPLIT_ENV = "FLASHSAC_OPT_COMPILE_AHEAD_SPLIT"
 # results/startup/compile_ahead_split_2026-12-05/): one child 62.1 s; split, critic 35.9 s and
 # actor 37.4 s at once; compiled training from 75.3 s after launch instead of 100.8 s.
 SPLIT_SHARES = (("critic",), ("actor",))
+OFF_VALUES = ("", "0", "false", "no", "off")  # what both switches read as off, and as on
+ON_VALUES = ("1", "true", "yes", "on")
 STOP_GRACE_S = 5.0
 DIMS = ("obs_dim", "critic_obs_dim", "action_dim")
 
@@ -105,9 +108,9 @@ def mode() -> str:
     child is done, then compiles from its caches: Engine.defer_compile); "wait" (1/true/yes/on:
     the first update waits for the child); "off" (0/false/no/off/empty). Anything else is refused."""
     value = os.environ.get(ENV_SWITCH, "background").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    if value in OFF_VALUES:
         return "off"
-    if value in ("1", "true", "yes", "on", "wait"):
+    if value in (*ON_VALUES, "wait"):
         return "wait"
     if value == "background":
         return "background"
@@ -120,9 +123,9 @@ def split_shares() -> tuple[tuple[str, ...], ...] | None:
     writes the compile-cache file (split, the training process writes it after its switch).
     Anything else is refused."""
     value = os.environ.get(SPLIT_ENV, "1").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
+    if value in OFF_VALUES:
         return None
-    if value in ("1", "true", "yes", "on"):
+    if value in ON_VALUES:
         return SPLIT_SHARES
     raise ValueError(f"{SPLIT_ENV}={value!r}: expected 0/off or 1/on")
 
@@ -273,7 +276,7 @@ class CompileAhead:
         self.logs = [self.folder / f"child_{i}.log" for i in range(len(self.shares))]
         self.report_files = [self.folder / f"report_{i}.json" for i in range(len(self.shares))]
         self.processes: list[subprocess.Popen] = []
-        for share, log_file, report_file in zip(self.shares, self.logs, self.report_files):
+        for i, (share, log_file, report_file) in enumerate(zip(self.shares, self.logs, self.report_files)):
             spec = {
                 "config": dataclasses.asdict(cfg),
                 "dims": {k: int(dims[k]) for k in DIMS},
@@ -284,7 +287,7 @@ class CompileAhead:
                 "report": str(report_file),
                 "parent": os.getpid(),
             }
-            spec_file = report_file.with_name(report_file.name.replace("report", "spec"))
+            spec_file = self.folder / f"spec_{i}.json"
             spec_file.write_text(json.dumps(spec))
             with open(log_file, "wb") as log:
                 self.processes.append(subprocess.Popen(
@@ -335,15 +338,15 @@ class CompileAhead:
         """Wait for the children; True when every one compiled, else one warning (the caller
         compiles what is missing)."""
         start = time.perf_counter()
-        codes = [self._wait_one(process, report, None if timeout is None else max(0.0, timeout - (time.perf_counter() - start)))
+        codes = [_wait_child(process, report, None if timeout is None else max(0.0, timeout - (time.perf_counter() - start)))
                  for process, report in zip(self.processes, self.report_files)]
         self.waited_s = time.perf_counter() - start
-        if all(rc == 0 for rc in codes) and all(report.is_file() for report in self.report_files):
+        failed = [i for i, rc in enumerate(codes) if rc != 0 or not self.report_files[i].is_file()]
+        if not failed:
             self.report = merged_report([json.loads(report.read_text()) for report in self.report_files])
             shutil.rmtree(self.folder, ignore_errors=True)  # kept only when it failed: the log says why
             return True
-        i = next(i for i, rc in enumerate(codes) if rc != 0 or not self.report_files[i].is_file())
-        log, rc = self.logs[i], codes[i]
+        log, rc = self.logs[failed[0]], codes[failed[0]]
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
         why = "timed out" if rc is None else f"exit status {rc}"
         self.failed = True
@@ -354,16 +357,6 @@ class CompileAhead:
         )
         return False
 
-    def _wait_one(self, process: subprocess.Popen, report: Path, timeout: float | None) -> int | None:
-        if process.poll() is None and report.is_file():  # compiled: only its teardown is left
-            _terminate(process)
-            return 0
-        try:
-            return process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _terminate(process)
-            return None
-
     def stop(self) -> None:
         """Stop the children that still run and remove their folder, unless a failure's warning
         named a log in it (also at exit: nothing is left behind in the temporary directory)."""
@@ -371,6 +364,19 @@ class CompileAhead:
             _terminate(process)
         if not self.failed:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _wait_child(process: subprocess.Popen, report: Path, timeout: float | None) -> int | None:
+    """A child's exit status (0 once its report is written: only its teardown is left, which is
+    stopped), None when it timed out (then stopped)."""
+    if process.poll() is None and report.is_file():
+        _terminate(process)
+        return 0
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _terminate(process)
+        return None
 
 
 def _terminate(process: subprocess.Popen) -> None:

@@ -193,11 +193,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.variant:
         return variant(args.variant, Path(args.report))
+    import torch
     from common import run_environment
 
     # The environment first and the JSON rewritten after every variant: a failure later (the
     # 2026-12-05 call lost its JSON to one at the very end) keeps what the earlier variants measured.
-    record = {"experiment": "switch_cache", "environment": run_environment("cuda" if torch_cuda() else "cpu"),
+    record = {"experiment": "switch_cache", "environment": run_environment("cuda" if torch.cuda.is_available() else "cpu"),
               "command": " ".join(sys.argv), "variants": []}
     for name in args.variants:
         with tempfile.TemporaryDirectory(prefix=f"switch_cache_{name}_") as folder:
@@ -216,11 +217,6 @@ def main() -> int:
         Path(args.output).write_text(json.dumps(record, indent=1, default=str))
     return 0
 
-
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 if __name__ == "__main__":
     sys.exit(main())
