@@ -380,6 +380,30 @@ def startup_pair_row(report: dict) -> dict:
             "collector_start_wait_s": wait, "phases_s": startup_phases(timeline) if timeline else None}
 
 
+def protocol_verdicts(runs: list[dict]) -> dict:
+    """Per learner, its seeds in order: times to reward 30, their median, and whether issue 44's
+    targets are met. The first seed is the cold one only if its compile cache was empty at launch
+    (a protocol continued from an earlier call's cache has none: no cold-seed verdict then)."""
+    by_learner: dict = {}
+    for run in runs:
+        by_learner.setdefault(run["learner"], []).append(run)
+    verdicts = {}
+    for learner, seeds in by_learner.items():
+        seeds = sorted(seeds, key=lambda r: r["seed"])
+        ttr = [(r["time_to_reward"]["30"] or {}).get("seconds") for r in seeds]
+        median, first = median_or_none(ttr), seeds[0]
+        cold = first["inductor_cache_warm_at_launch"] is False
+        verdicts[learner] = {
+            "seeds": [r["seed"] for r in seeds], "cold_seed": first["seed"] if cold else None,
+            "cold_seed_cache_warm_at_launch": first["inductor_cache_warm_at_launch"],
+            "time_to_reward_30_s": ttr, "median_time_to_reward_30_s": median,
+            "first_update_s": [r["first_update_s"] for r in seeds], "first_compiled_update_s": [r["first_compiled_update_s"] for r in seeds],
+            "meets_targets": (cold and len(seeds) >= MIN_SEEDS and median is not None and median <= TARGETS["median_time_to_reward_30_s"]
+                              and ttr[0] is not None and ttr[0] <= TARGETS["cold_seed_time_to_reward_30_s"]),
+        }
+    return verdicts
+
+
 def protocol_main(args) -> int:
     """The cold-first protocol: per learner, seeds in sequence on an empty compile cache (the first
     seed cold, the next ones on what it left), each stopped at reward 30; then start-up pairs,
@@ -389,6 +413,10 @@ def protocol_main(args) -> int:
     if args.dry_run:  # the device driver's dry run: the trainings it would start, at their most
         for learner in args.learners:
             runs = [f"{learner}:graph:{seed}" for seed in args.seeds]
+            if args.warm_cache:
+                print(f"{learner}, warm seeds on {args.cache or args.work / f'cache_{learner}'} as an earlier call left it: "
+                      + shlex.join(trainings_command(args, runs, share)))
+                continue
             cold_s = min(args.cold_seed_limit, share)
             print(f"{learner}, cold seed on emptied caches: " + shlex.join(trainings_command(args, runs[:1], cold_s)))
             if len(runs) > 1:
@@ -399,7 +427,8 @@ def protocol_main(args) -> int:
     env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     done: list[dict] = []
     for learner in args.learners:
-        cache = empty_cache_env(args.work / f"cache_{learner}")
+        folder = args.cache or args.work / f"cache_{learner}"
+        cache = cache_env(folder) if args.warm_cache else empty_cache_env(folder)
         runs = [f"{learner}:graph:{seed}" for seed in args.seeds]
         extra = ["--iterations", str(args.iterations), "--stop-at-reward", f"{max(THRESHOLDS):g}"]
         if learner == "unilab":  # its compile on every core, as its best configuration
@@ -408,15 +437,20 @@ def protocol_main(args) -> int:
         # estimate plus an equal part) cut a cold seed at 121 s, before it reached 30 (results/time_to_reward/
         # protocol_u64_mps_2026-12-04); the warm seeds then share what is left.
         started = time.monotonic()
-        cold_s = min(args.cold_seed_limit, share)
-        code = subprocess.run(trainings_command(args, runs[:1], cold_s, *extra), env={**env, **cache}).returncode
-        if len(runs) > 1:
+        if args.warm_cache:  # an earlier call ran the cold seed on this cache: every seed here is warm
+            cold_s, code = None, subprocess.run(trainings_command(args, runs, share, *extra), env={**env, **cache}).returncode
+            runs_left = []
+        else:
+            cold_s = min(args.cold_seed_limit, share)
+            code = subprocess.run(trainings_command(args, runs[:1], cold_s, *extra), env={**env, **cache}).returncode
+            runs_left = runs[1:]
+        if runs_left:
             left = share - (time.monotonic() - started)
-            code = max(code, subprocess.run(trainings_command(args, runs[1:], left, *extra), env={**env, **cache}).returncode)
+            code = max(code, subprocess.run(trainings_command(args, runs_left, left, *extra), env={**env, **cache}).returncode)
         done.append({"learner": learner, "cache": cache["TORCHINDUCTOR_CACHE_DIR"], "runs": runs, "cold_seed_limit_s": cold_s,
                      "exit_status": code})
     pairs = []
-    cache = {**env, **cache_env(args.work / "cache_flashsac_opt")}  # what the patched seeds left
+    cache = {**env, **cache_env(args.cache or args.work / "cache_flashsac_opt")}  # what the patched seeds left
     for k in range(args.startup_pairs):
         for preload, tag in (("0", "startup_spawn"), ("1", "startup_preload")):
             seed = 11 + k
@@ -428,26 +462,13 @@ def protocol_main(args) -> int:
                           "file": file.name, "exit_status": code, **row})
     files = [f for learner in args.learners for seed in args.seeds if (f := training_file(args, learner, seed)).is_file()]
     report = build_report(files, args.last) if files else {"groups": [], "runs": []}
-    by_learner: dict = {}
-    for run in report["runs"]:
-        by_learner.setdefault(run["learner"], []).append(run)
-    verdicts = {}
-    for learner, runs in by_learner.items():
-        runs.sort(key=lambda r: r["seed"])
-        ttr = [(r["time_to_reward"]["30"] or {}).get("seconds") for r in runs]
-        median, cold = median_or_none(ttr), runs[0]
-        verdicts[learner] = {
-            "seeds": [r["seed"] for r in runs], "cold_seed": cold["seed"], "cold_seed_cache_warm_at_launch": cold["inductor_cache_warm_at_launch"],
-            "time_to_reward_30_s": ttr, "median_time_to_reward_30_s": median,
-            "first_update_s": [r["first_update_s"] for r in runs], "first_compiled_update_s": [r["first_compiled_update_s"] for r in runs],
-            "meets_targets": (len(runs) >= MIN_SEEDS and median is not None and median <= TARGETS["median_time_to_reward_30_s"]
-                              and ttr[0] is not None and ttr[0] <= TARGETS["cold_seed_time_to_reward_30_s"]),
-        }
+    verdicts = protocol_verdicts(report["runs"])
     report["protocol"] = {
         "what": ("cold-first time to reward: per learner, seeds in sequence on a compile cache emptied before the first "
                  "(Inductor, Triton, flashsac_opt's compile-cache files), each stopped at a 20-iteration mean reward of 30; "
                  "then start-up pairs on the warm cache, UniLab's spawned collector against the preloaded one"),
         "targets": TARGETS, "learners": done, "verdicts": verdicts, "startup_pairs": pairs,
+        "warm_cache_from_an_earlier_call": args.warm_cache,
         "configuration": {k: getattr(args, k) for k in ("updates", "batch", "envs", "replay_buffer_n", "learning_starts", "iterations", "seeds")},
         "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
     }
@@ -466,6 +487,30 @@ def protocol_main(args) -> int:
     for p in pairs:
         print(f"start-up pair {p['pair']}, {p['collector']}: first update {p.get('first_update_s')}, collector wait {p.get('collector_start_wait_s')}")
     return 0 if all(d["exit_status"] == 0 for d in done) else 1
+
+
+def verdict_main(args, parser) -> int:
+    """The protocol's verdicts over trainings from several device calls: a configuration whose
+    cold seed and warm seeds do not fit one 10-minute call (stock UniLab's G1 default) runs the cold
+    seed in one call and the warm ones in the next on the cache it left (``protocol --warm-cache``)."""
+    files = training_files(args.inputs)
+    if not files:
+        parser.error("no training JSON among the inputs")
+    try:
+        report = build_report(files, args.last)
+    except ValueError as exc:
+        parser.error(str(exc))
+    verdicts = protocol_verdicts(report["runs"])
+    report["protocol"] = {
+        "what": ("cold-first time to reward assembled from trainings of several calls: per learner, the lowest seed "
+                 "is the cold one if its compile cache was empty at launch, the others ran on what it left"),
+        "targets": TARGETS, "verdicts": verdicts, "calls": sorted({str(p.parent) for p in files}),
+    }
+    write_report(report, args.output, plot if args.plot else None, args.plot)
+    for learner, v in verdicts.items():
+        print(f"{learner}: seeds {v['seeds']}, cold seed {v['cold_seed']}, time to reward 30 {v['time_to_reward_30_s']} "
+              f"(median {v['median_time_to_reward_30_s']})")
+    return 0
 
 
 def training_file(args, learner: str, seed: int, name_tag: str | None = None) -> Path:
@@ -501,9 +546,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=580.0, help="seconds for everything")
     p.add_argument("--last", type=int, default=500)
     p.add_argument("--dry-run", action="store_true", help="print the trainings it would start, run nothing")
+    p.add_argument("--cache", type=Path, help="the compile-cache folder (one learner only; default: --work/cache_LEARNER)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="continue on the cache an earlier call of the protocol left (its cold seed ran there): no cold seed, nothing emptied")
+    v = sub.add_parser("verdict", help="the protocol's verdicts over trainings of several calls (a cold seed, then warm seeds on its cache)")
+    v.add_argument("inputs", nargs="+", type=Path, help="training JSON files (.json or .json.gz), or folders of them")
+    v.add_argument("--output", type=Path, required=True)
+    v.add_argument("--plot", type=Path)
+    v.add_argument("--last", type=int, default=500)
     args = parser.parse_args(argv)
     if args.command == "protocol":
+        if args.cache is not None and len(args.learners) != 1:
+            parser.error("--cache takes one learner (each learner needs its own cache)")
+        if args.warm_cache and args.startup_pairs:
+            parser.error("--warm-cache runs seeds only; the start-up pairs belong to a call with the cold seed")
         return protocol_main(args)
+    if args.command == "verdict":
+        return verdict_main(args, parser)
     return summarize_main(args, parser)
 
 

@@ -381,10 +381,9 @@ def test_first_compiled_update_is_the_switch_after_a_child_and_none_when_it_neve
     assert ttr.first_compiled_update(warm, 21.9) == 21.9 and ttr.first_compiled_update({}, 51.5) == 51.5  # warm; stock
 
 
-def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(tmp_path, monkeypatch):
-    # the trainings are stood in for by copies of one committed training JSON; what is checked is the
-    # protocol: order, caches, switches, names, and the verdicts it reads back
-    calls = []
+def _stand_in_trainings(out: Path, calls: list):
+    """trainings.py stood in for by copies of one committed training JSON, one per run it is given,
+    each recording whether its compile cache held anything at launch and leaving a file there."""
     template = json.loads(TEMPLATE.read_text())
 
     def fake_run(cmd, env):
@@ -398,10 +397,17 @@ def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(
             report["learner"], report["training_config"]["seed"] = learner, int(seed)
             report["inductor_cache_at_launch"] = {"dir": str(cache), "files": len(list(cache.rglob("*"))), "warm": bool(list(cache.rglob("*")))}
             (cache / f"kernel_{learner}_{seed}").write_text("x")  # what a training leaves in its cache
-            (tmp_path / "out" / f"training_u64_b256_r512_{tag}{learner}_graph_s{seed}.json").write_text(json.dumps(report))
+            (out / f"training_u64_b256_r512_{tag}{learner}_graph_s{seed}.json").write_text(json.dumps(report))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(ttr.subprocess, "run", fake_run)
+    return fake_run
+
+
+def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(tmp_path, monkeypatch):
+    # what is checked is the protocol: order, caches, switches, names, and the verdicts it reads back
+    calls = []
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(ttr.subprocess, "run", _stand_in_trainings(tmp_path / "out", calls))
     stale = tmp_path / "work" / "cache_flashsac_opt"
     stale.mkdir(parents=True)
     (stale / "old_kernel").write_text("x")  # a cache from before must not make seed 1 warm
@@ -423,3 +429,41 @@ def test_protocol_runs_each_learner_on_an_emptied_cache_then_the_start_up_pairs(
     assert verdicts["flashsac_opt"]["cold_seed_cache_warm_at_launch"] is False  # emptied before seed 1
     assert verdicts["flashsac_opt"]["seeds"] == [1, 2, 3] and verdicts["unilab"]["seeds"] == [1, 2, 3]
     assert [p["collector"] for p in report["protocol"]["startup_pairs"]] == ["UniLab's spawn", "preloaded (patches/0005)"]
+
+
+def test_a_protocol_split_over_two_calls_keeps_the_cache_and_the_verdict_joins_them(tmp_path, monkeypatch, capsys):
+    # stock's G1 default needs a call for its cold seed and another for the warm ones: the second
+    # call must find the first one's cache untouched, and only the joined verdict has a cold seed
+    calls = []
+    monkeypatch.setattr(ttr.plotting, "save", lambda fig, path, **kwargs: None)
+    cache = tmp_path / "shared_cache"
+    for name, extra in (("cold", ["--seeds", "1"]), ("warm", ["--seeds", "2", "3", "--warm-cache"])):
+        out = tmp_path / name
+        out.mkdir()
+        monkeypatch.setattr(ttr.subprocess, "run", _stand_in_trainings(out, calls))
+        assert ttr.main(["protocol", "--out", str(out), "--work", str(tmp_path / f"work_{name}"), "--learners", "unilab",
+                         "--cache", str(cache), "--time-limit", "560", *extra]) == 0
+    (cold, cold_env), (warm, warm_env) = calls
+    assert [a for a in cold if ":graph:" in a] == ["unilab:graph:1"] and cold[cold.index("--time-limit") + 1] == "200"
+    assert [a for a in warm if ":graph:" in a] == ["unilab:graph:2", "unilab:graph:3"] and warm[warm.index("--time-limit") + 1] == "560"
+    assert cold_env["TORCHINDUCTOR_CACHE_DIR"] == warm_env["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert (cache / "kernel_unilab_1").is_file()  # the warm call emptied nothing
+    second = json.loads((tmp_path / "warm" / "time_to_reward_protocol.json").read_text())["protocol"]
+    assert second["warm_cache_from_an_earlier_call"] is True
+    assert second["verdicts"]["unilab"]["cold_seed"] is None and second["verdicts"]["unilab"]["meets_targets"] is False
+    assert ttr.main(["verdict", str(tmp_path / "cold"), str(tmp_path / "warm"), "--output", str(tmp_path / "joined.json")]) == 0
+    joined = json.loads((tmp_path / "joined.json").read_text())["protocol"]
+    verdict = joined["verdicts"]["unilab"]
+    assert verdict["seeds"] == [1, 2, 3] and verdict["cold_seed"] == 1 and verdict["cold_seed_cache_warm_at_launch"] is False
+    assert len(joined["calls"]) == 2
+    assert "unilab: seeds [1, 2, 3], cold seed 1" in capsys.readouterr().out
+
+
+def test_the_protocol_refuses_a_shared_cache_for_two_learners_and_pairs_without_a_cold_seed(tmp_path, capsys):
+    base = ["protocol", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--dry-run"]
+    with pytest.raises(SystemExit):
+        ttr.main([*base, "--learners", "flashsac_opt", "unilab", "--cache", str(tmp_path / "c")])
+    assert "--cache takes one learner" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ttr.main([*base, "--warm-cache", "--startup-pairs", "1"])
+    assert "--warm-cache runs seeds only" in capsys.readouterr().err
