@@ -39,7 +39,7 @@ def checkout(tmp_path, require_unilab):
 def test_apply_is_idempotent_and_revert_is_byte_identical(site):
     original = tree_digest(site)
     changed = unilab_patch.apply(site, include_optional=True)
-    assert len(changed) == 12  # 0001: 2 files, 0002: 3, 0003: 4, 0004: 1, 0005: 2
+    assert len(changed) == 12  # 0001: 2 files, 0002: 3, 0003: 4, 0004: 1, 0005: 2, 0006: 1 (one of 0003's)
     patched = tree_digest(site)
     assert {k for k in original if original[k] != patched[k]} == set(changed)
     assert unilab_patch.apply(site, include_optional=True) == []  # again: nothing to do
@@ -50,17 +50,54 @@ def test_apply_is_idempotent_and_revert_is_byte_identical(site):
     assert tree_digest(site) == original
 
 
+def test_two_patches_of_one_file_apply_and_revert_in_any_order(site):
+    # 0003 (optional) and 0006 both change scripts/train_offpolicy.py: each is applied or reverted
+    # alone with the other's change kept, and the file's state names which of them it carries
+    target = site / "unilab" / "scripts" / "train_offpolicy.py"
+    original = target.read_bytes()
+    states = lambda: {p["name"][:4]: p["state"] for p in unilab_patch.status(site)["patches"]}  # noqa: E731
+    unilab_patch.apply(site, names=["0006-startup-probe-eager"])
+    only_0006 = target.read_bytes()
+    assert b'set_stance("force_eager")' in only_0006 and states()["0003"] == "not applied" and states()["0006"] == "applied"
+    unilab_patch.apply(site, names=["0003-data-parallel-launch"])
+    both = target.read_bytes()
+    assert b'set_stance("force_eager")' in both and states()["0003"] == states()["0006"] == "applied"
+    unilab_patch.revert(site, names=["0006-startup-probe-eager"])  # 0003's change stays
+    assert b'set_stance("force_eager")' not in target.read_bytes() and states()["0003"] == "applied" and states()["0006"] == "not applied"
+    unilab_patch.apply(site, names=["0006-startup-probe-eager"])
+    assert target.read_bytes() == both  # the same bytes whichever came first
+    unilab_patch.revert(site, names=["0003-data-parallel-launch"])
+    assert target.read_bytes() == only_0006
+    unilab_patch.revert(site)
+    assert target.read_bytes() == original
+    # a local change to the shared file: neither patch claims it, both refuse
+    target.write_bytes(both + b"# mine\n")
+    assert states()["0003"] == states()["0006"] == "conflict"
+    for name in ("0003-data-parallel-launch", "0006-startup-probe-eager"):
+        with pytest.raises(unilab_patch.PatchError, match="locally modified"):
+            unilab_patch.revert(site, names=[name])
+
+
+def test_the_series_refuses_overlapping_patches_of_one_file(tmp_path):
+    # two patches whose hunks touch the same lines of one file cannot be combined: load_series says so
+    series = [unilab_patch.FilePatch("f.py", "0" * 64, "1" * 64, [(3, 3, [" a\n", "-b\n", "+B\n"])]),
+              unilab_patch.FilePatch("f.py", "0" * 64, "2" * 64, [(4, 4, [" b\n", "+c\n"])])]
+    with pytest.raises(unilab_patch.PatchError, match="overlap at line 4"):
+        unilab_patch._spans(series)
+    assert len(unilab_patch._spans(series[:1])) == 1
+
+
 def test_checkout_layout_and_dry_run(checkout):
     before = tree_digest(checkout / "src")
     changed = unilab_patch.apply(checkout, dry_run=True)
     assert changed == ["unilab/rl/algos/flash_sac/double_buffer.py", "unilab/conf/flashsac/config.yaml",
                        "unilab/rl/runtime/offpolicy/double_buffer_runner.py", "unilab/scripts/train_flashsac.py",
-                       "unilab/rl/runtime/async_runner.py"]  # 0001, 0004, 0005: the required ones
+                       "unilab/rl/runtime/async_runner.py", "unilab/scripts/train_offpolicy.py"]  # 0001, 0004-0006: the required ones
     assert tree_digest(checkout / "src") == before  # dry run: nothing written
     unilab_patch.apply(checkout)
     report = unilab_patch.status(checkout)
     assert report["version"] == "1.5.2"
-    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied", "applied"]  # 0002, 0003: optional
+    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied", "applied", "applied"]  # 0002, 0003: optional
 
 
 def test_refuses_a_locally_modified_file(site):
@@ -115,8 +152,8 @@ def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
     other = copy_unilab(tmp_path / "other")
     unilab_patch.apply(site, include_optional=True)
     for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch", "0004-startup-idle-compile.patch",
-                 "0005-startup-collector-preload.patch"):
-        subprocess.run(["patch", "-p1", "-s", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
+                 "0005-startup-collector-preload.patch", "0006-startup-probe-eager.patch"):
+        subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
     assert tree_digest(other) == tree_digest(site)
 
 
@@ -277,7 +314,7 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr[-2000:]
     where, count = found.stdout.split()
-    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 5
+    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 6
 
 
 @pytest.mark.parametrize("version", [0, 1, 2])

@@ -1,25 +1,16 @@
 """Would Dynamo's AOT precompile take the warm start's compile off the training process?
 
-A warm start still spends seconds "compiling from the caches": every FX-graph and AOTAutograd
-lookup hits, yet Dynamo traces the fused objectives' bytecode again at each launch (4.9 s of the
-cold switch's 9.9 s on one H100 host, results/time_to_reward/protocol_u64_mps_split_h100_2026-12-05).
-torch's AOT precompile (``torch.compile(fn, fullgraph=True).aot_compile(example)``,
-``save_compiled_function``, ``torch.compiler.load_compiled_function``; experimental, the same
-signatures in torch 2.11 and 2.13) saves the traced, guarded and compiled function instead.
-
-This study compiles the engine's fused critic and actor steps (``UpdateFunctions._critic_step`` /
-``_actor_step``, the functions the fused path compiles) four ways, each in a fresh process on one
-private Inductor cache: ``normal`` on the empty cache (cold), ``normal`` again (warm),
-``save`` (aot_compile, then save the files) and ``load`` (load the files, no tracing). Each runs
-two updates of critic then actor on one synthetic batch and saves outputs and state; the report
-gives the first calls' seconds (torch's compile timers split them), the load's, and whether
-save, load and the warm run are bit-identical to the cold one. Nothing here changes the learner.
+A warm start re-traces the fused objectives with every cache hit (Dynamo's bytecode tracing: 4.9 s
+of the cold switch's 9.9 s, results/time_to_reward/protocol_u64_mps_split_h100_2026-12-05). This
+compiles the engine's fused critic and actor steps four ways, each in a fresh process on one
+private Inductor cache: torch.compile on the empty cache (normal_cold), again (normal_warm),
+``aot_compile`` + ``save_compiled_function`` (save), ``torch.compiler.load_compiled_function`` (load);
+two updates each on one synthetic batch: first-call seconds with torch's compile timers, load
+seconds, and bit-identity with normal_cold. Loading needs a throw-away TracingContext (unpickled
+guard sources install a guard into it; torch 2.11 and 2.13); a loaded function raises on a guard
+miss instead of recompiling.
 
     python experiments/bench/aot_precompile.py --size real --output results/startup/aot_precompile_cpu.json
-
-Loading needs a TracingContext around it: unpickling the guards builds ImportSource objects that
-install a guard into ``TracingContext.get()`` (torch 2.11 and 2.13). A loaded function does not
-recompile: a guard miss (another ``polyak``, another discount) raises instead.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ decidable before anything is written:
 - all files as an earlier flashsac_opt version of the patch left them ("applied-earlier",
   series.json ``earlier``) -> ``apply`` upgrades them, ``revert`` restores the originals.
 
+A file two patches change (0003 and 0006: ``scripts/train_offpolicy.py``) is decided by which of
+them it carries: the subset whose hunks, taken back out, give the original's hash (each patch's
+hunks are written against the original and may not overlap another's); applying or reverting
+one of them rebuilds the file from the original with the other's hunks kept as they were.
+
 ``apply`` and ``revert`` compute every new file in memory and check its hash first, then
 replace files one by one (write to a temp file, ``os.replace``), restoring the already
 replaced ones if a later write fails: all files or none.
@@ -59,6 +64,8 @@ class FilePatch:
     original_sha256: str
     patched_sha256: str
     hunks: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (old start, new start, lines)
+    # the same file's patches by other patches of the series (each against the original), if any
+    shared_with: list["FilePatch"] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +132,55 @@ def _apply_hunks(original: str, hunks: list[tuple[int, int, list[str]]], reverse
     return "".join(out)
 
 
+def _spans(patches: list[FilePatch]) -> list[tuple[int, list[str], list[str]]]:
+    """The hunks of several patches of one file, in the original's order: (0-based line where
+    each begins in the original, its old lines, its new lines); PatchError where two overlap."""
+    spans = []
+    for f in patches:
+        for old_start, _new_start, body in f.hunks:
+            old = [line[1:] for line in body if line[0] in " -"]
+            spans.append((old_start - 1 if old else old_start, old, [line[1:] for line in body if line[0] in " +"], f.path))
+    spans.sort(key=lambda span: span[0])
+    for (begin, old, _, path), (next_begin, *_rest) in zip(spans, spans[1:]):
+        if begin + len(old) > next_begin:
+            raise PatchError(f"two patches of {path} overlap at line {next_begin + 1}: the series cannot combine them")
+    return [(begin, old, new) for begin, old, new, _ in spans]
+
+
+def _splice(text: str, patches: list[FilePatch], reverse: bool) -> str:
+    """The original with ``patches``' hunks applied (or, reverse, ``text`` carrying exactly those
+    patches taken back to the original); PatchError where a hunk does not match."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    cursor = delta = 0
+    for begin, old, new in _spans(patches):
+        src, dst, at = (new, old, begin + delta) if reverse else (old, new, begin)
+        if at < cursor or lines[at : at + len(src)] != src:
+            raise PatchError(f"hunk at line {at + 1} does not match the file")
+        out.extend(lines[cursor:at])
+        out.extend(dst)
+        cursor = at + len(src)
+        delta += len(new) - len(old)
+    out.extend(lines[cursor:])
+    return "".join(out)
+
+
+def carried_patches(content: bytes, f: FilePatch) -> tuple[str, list[FilePatch]] | None:
+    """For a file several patches change: (the original's text, the patches ``content`` carries),
+    or None when no combination of them explains it (locally modified, another version)."""
+    group = [f, *f.shared_with]
+    text = content.decode(errors="replace")
+    for mask in range(1 << len(group)):
+        carried = [g for i, g in enumerate(group) if mask >> i & 1]
+        try:
+            original = _splice(text, carried, reverse=True) if carried else text
+        except PatchError:
+            continue
+        if hashlib.sha256(original.encode()).hexdigest() == f.original_sha256:
+            return original, carried
+    return None
+
+
 def load_series(directory: Path | None = None) -> list[Patch]:
     directory = directory or patches_dir()
     meta = json.loads((directory / "series.json").read_text())
@@ -145,6 +201,18 @@ def load_series(directory: Path | None = None) -> list[Patch]:
             old_files = [FilePatch(f["path"], originals[f["path"]], f["patched_sha256"], old_diff[f["path"]]) for f in old["files"]]
             earlier.append(Patch(f"{entry['name']} ({old['file']})", old.get("note", ""), bool(entry.get("optional")), old_files))
         series.append(Patch(entry["name"], entry["description"], bool(entry.get("optional")), files, earlier))
+    by_path: dict[str, list[FilePatch]] = {}
+    for patch in series:
+        for f in patch.files:
+            by_path.setdefault(f.path, []).append(f)
+    for path, group in by_path.items():
+        if len(group) < 2:
+            continue
+        if len({f.original_sha256 for f in group}) != 1:
+            raise PatchError(f"the patches of {path} are written against different originals")
+        _spans(group)  # they must not overlap
+        for f in group:
+            f.shared_with = [g for g in group if g is not f]
     return series
 
 
@@ -197,11 +265,13 @@ def identify_version(base: Path, series: list[Patch] | None = None) -> tuple[str
         for old in patch.earlier:
             for f in old.files:
                 known.setdefault(f.path, set()).add(f.patched_sha256)
+    shared = {f.path: f for patch in series for f in patch.files if f.shared_with}
     unmatched = []
     for path, hashes in known.items():
         digest = _sha(base / path)
-        if digest not in hashes:
-            unmatched.append(f"{path} ({'missing' if digest is None else 'unknown hash'})")
+        if digest in hashes or (digest is not None and path in shared and carried_patches((base / path).read_bytes(), shared[path])):
+            continue
+        unmatched.append(f"{path} ({'missing' if digest is None else 'unknown hash'})")
     if not unmatched:
         return SUPPORTED_VERSION, "identified by file hashes"
     return None, (
@@ -218,6 +288,9 @@ def file_state(base: Path, f: FilePatch) -> str:
     digest = _sha(base / f.path)
     if digest is None:
         return "missing"
+    if f.shared_with:  # whether this patch is among those the file carries
+        found = carried_patches((base / f.path).read_bytes(), f)
+        return "modified" if found is None else "applied" if any(g is f for g in found[1]) else "original"
     if digest == f.original_sha256:
         return "original"
     if digest == f.patched_sha256:
@@ -288,6 +361,18 @@ def _plan(base: Path, patches: list[Patch], reverse: bool) -> dict[Path, tuple[b
             continue  # already in the wanted state
         for f in patch.files:
             path = base / f.path
+            if f.shared_with:  # from the original, with the other patches the file carries (as planned so far) kept
+                on_disk = plan[path][0] if path in plan else path.read_bytes()
+                found = carried_patches(plan[path][1] if path in plan else on_disk, f)
+                if found is None:
+                    raise PatchError(f"patch {patch.name}: {f.path} carries no known combination of its patches; nothing changed")
+                original, carried = found
+                keep = [g for g in carried if g is not f] + ([] if reverse else [f])
+                new = (_splice(original, keep, reverse=False) if keep else original).encode()
+                if keep == [f] and hashlib.sha256(new).hexdigest() != f.patched_sha256:
+                    raise PatchError(f"patch {patch.name}: result for {f.path} has an unexpected hash; nothing changed")
+                plan[path] = (on_disk, new)
+                continue
             current = path.read_bytes()
             new = _apply_hunks(current.decode(), f.hunks, reverse).encode()
             expected = f.original_sha256 if reverse else f.patched_sha256

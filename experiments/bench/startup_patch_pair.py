@@ -1,0 +1,103 @@
+"""One start-up patch on and off: launch -> learner and -> first update, alternating processes.
+
+Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA), one with
+--patch reverted; --rounds short G1 trainings each (experiments/benchmark_flashsac_training.py),
+off and on alternating; medians per side of the start-up timeline's learner_constructed_s and the
+first logged row's wall_s, and on/off.
+
+    python experiments/bench/startup_patch_pair.py --patch 0006-startup-probe-eager --output results/startup/probe_eager_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
+from common import run_environment, write_report  # noqa: E402
+
+TRAIN = Path(__file__).resolve().parents[1] / "benchmark_flashsac_training.py"
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "flashsac_opt.cli", *args]
+
+
+def prepare(work: Path, patch: str, cpu: bool) -> dict[str, Path]:
+    """{"on": copy with every patch, "off": the same without ``patch``}: UniLab package dirs."""
+    spec = importlib.util.find_spec("unilab")
+    if spec is None or spec.origin is None:
+        raise SystemExit("startup_patch_pair: unilab is not importable")
+    deps = Path(spec.origin).parent.parent
+    copies = {}
+    for side in ("off", "on"):
+        site = work / side
+        shutil.rmtree(site, ignore_errors=True)
+        shutil.copytree(deps / "unilab", site / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
+        for info in deps.glob("unilab-*.dist-info"):
+            shutil.copytree(info, site / info.name)
+        subprocess.run(cli("unilab", "placeholder-meshes", "--root", str(site / "unilab")), check=True, capture_output=True)
+        subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), *(["--with-cpu-smoke"] if cpu else [])), check=True, capture_output=True)
+        if side == "off":
+            subprocess.run(cli("unilab", "revert", "--root", str(site / "unilab"), "--patch", patch), check=True, capture_output=True)
+        copies[side] = site / "unilab"
+    return copies
+
+
+def median(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--patch", required=True, help="the series name of the patch to toggle (e.g. 0006-startup-probe-eager)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mode", choices=("eager", "compile", "graph"), help="learner mode (default: graph on CUDA, eager on the CPU)")
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/flashsac_startup_patch_pair"))
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    mode = args.mode or ("eager" if cpu else "graph")
+    copies = prepare(args.work, args.patch, cpu)
+    runs = []
+    for k in range(args.rounds):
+        for side in ("off", "on"):
+            out = args.work / f"{side}_{k}.json"
+            cmd = [sys.executable, str(TRAIN), "--unilab-root", str(copies[side]), "--learner", "flashsac_opt", "--mode", mode,
+                   "--num-envs", str(args.num_envs), "--batch-size", "32", "--updates-per-step", "2", "--iterations", str(args.iterations),
+                   "--learning-starts", "2", "--replay-buffer-n", "32", "--summary-last", "1", "--seed", str(1 + k),
+                   "--log-root", str(args.work / f"logs_{side}_{k}"), "--output", str(out)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode or not out.is_file():
+                print(done.stdout[-2000:], done.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"startup_patch_pair: the {side} training of round {k} failed (rc={done.returncode})")
+            report = json.loads(out.read_text())
+            timeline, rows = report.get("startup_timeline") or {}, report.get("rows_all") or []
+            runs.append({"round": k, "patch": side, "learner_constructed_s": timeline.get("learner_constructed_s"),
+                         "first_update_s": rows[0]["wall_s"] if rows and "wall_s" in rows[0] else None})
+            print(runs[-1], flush=True)
+    sides = {side: {key: median([r[key] for r in runs if r["patch"] == side]) for key in ("learner_constructed_s", "first_update_s")}
+             for side in ("off", "on")}
+    ratio = {key: (sides["on"][key] / sides["off"][key] if sides["on"][key] and sides["off"][key] else None) for key in sides["on"]}
+    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "what": __doc__.split("\n\n")[0],
+                  "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds,
+                                    "device": "cpu" if cpu else "cuda", "order": "off, on alternating"},
+                  "environment": run_environment("cpu" if cpu else "cuda"), "runs": runs, "median": sides, "on_over_off": ratio},
+                 args.output)
+    print(json.dumps({"median": sides, "on_over_off": ratio}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
