@@ -256,20 +256,21 @@ def test_the_committed_one_gpu_matrix_and_its_table_are_what_the_command_makes_f
     assert [g["reached"]["30"] for g in again["groups"] if g["num_envs"] == 4096] == [3, 3]
 
 
-def test_the_time_to_reward_runs_show_their_trainings_in_the_drivers_dry_run():
-    """runs.toml's U64 time-to-reward runs under MPS: three patched seeds in one run, stock's
-    seed 1 with its compile on the host's 16 CPUs, FlashSAC's replay defaults, 1500 iterations."""
-    for run, learner, seeds in (("ttr_u64_1gpu_patched_mps", "flashsac_opt", (1, 2, 3)), ("ttr_u64_1gpu_stock_mps_s1", "unilab", (1,))):
-        dry = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", run], cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+def test_the_protocol_runs_show_their_trainings_in_the_drivers_dry_run():
+    """runs.toml's cold-first protocol runs under MPS: the recipe's three patched seeds in one call,
+    stock UniLab's G1 default in two (its cold seed, then its warm seeds on the cache it left)."""
+    for run, expected in (
+        ("ttr_protocol_u64_mps", ["flashsac_opt, cold seed on emptied caches", "--updates 64 --batch 256 --envs 256 --replay-buffer-n 512 --learning-starts 98",
+                                  "flashsac_opt:graph:1\n", "flashsac_opt:graph:2 flashsac_opt:graph:3"]),
+        ("ttr_protocol_stock_default_cold", ["unilab, cold seed on emptied caches", "--updates 8 --batch 2048 --envs 4096 --replay-buffer-n 256 --learning-starts 49",
+                                             "--time-limit 545", "unilab:graph:1\n"]),
+        ("ttr_protocol_stock_default_warm", ["unilab, warm seeds on", "protocol_cache_stock_default as an earlier call left it", "unilab:graph:2 unilab:graph:3"]),
+    ):
+        dry = subprocess.run([sys.executable, "experiments/device/run.py", "--dry-run", run], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert dry.returncode == 0 and "over the device's limits" not in dry.stdout, dry.stdout
         assert "experiments/device/with_mps.py" in dry.stdout
-        for seed in seeds:
-            line = next(x for x in dry.stdout.splitlines() if f"[training_u64_b256_r512_mps_{learner}_graph_s{seed}]" in x)
-            assert f"--learner {learner} --mode graph --seed {seed} --num-envs 256 --batch-size 256 --updates-per-step 64" in line
-            assert "--iterations 1500" in line and "--learning-starts 98 --replay-buffer-n 512" in line  # FlashSAC's replay defaults
-            assert "--stop-at-reward 30" in line
-            assert ("compile_threads=16" in line) == (learner == "unilab")
+        for text in expected:
+            assert text in dry.stdout, (run, text)
 
 
 def test_trainings_names_a_tagged_configuration_and_sizes_limits_by_the_given_start_up(tmp_path):
