@@ -65,7 +65,7 @@ class FilePatch:
     patched_sha256: str
     hunks: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (old start, new start, lines)
     # the same file's patches by other patches of the series (each against the original), if any
-    shared_with: list["FilePatch"] = field(default_factory=list)
+    shared_with: list["FilePatch"] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass
@@ -369,7 +369,7 @@ def _plan(base: Path, patches: list[Patch], reverse: bool) -> dict[Path, tuple[b
                 original, carried = found
                 keep = [g for g in carried if g is not f] + ([] if reverse else [f])
                 new = (_splice(original, keep, reverse=False) if keep else original).encode()
-                if keep == [f] and hashlib.sha256(new).hexdigest() != f.patched_sha256:
+                if len(keep) == 1 and keep[0] is f and hashlib.sha256(new).hexdigest() != f.patched_sha256:
                     raise PatchError(f"patch {patch.name}: result for {f.path} has an unexpected hash; nothing changed")
                 plan[path] = (on_disk, new)
                 continue
