@@ -312,14 +312,20 @@ def build_report(files: list[Path], last: int) -> dict:
     }
 
 
-def summarize_main(args, parser) -> int:
+def report_of_inputs(args, parser) -> tuple[list[Path], dict]:
+    """The training files among ``args.inputs`` and their summary; a usage error when there are none
+    or one cannot be read."""
     files = training_files(args.inputs)
     if not files:
         parser.error("no training JSON among the inputs")
     try:
-        report = build_report(files, args.last)
+        return files, build_report(files, args.last)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def summarize_main(args, parser) -> int:
+    files, report = report_of_inputs(args, parser)
     groups, runs, skipped = report["groups"], report["runs"], report["skipped"]
     write_report(report, args.output, plot if args.plot else None, args.plot)
     if args.markdown:
@@ -493,13 +499,7 @@ def verdict_main(args, parser) -> int:
     """The protocol's verdicts over trainings from several device calls: a configuration whose
     cold seed and warm seeds do not fit one 10-minute call (stock UniLab's G1 default) runs the cold
     seed in one call and the warm ones in the next on the cache it left (``protocol --warm-cache``)."""
-    files = training_files(args.inputs)
-    if not files:
-        parser.error("no training JSON among the inputs")
-    try:
-        report = build_report(files, args.last)
-    except ValueError as exc:
-        parser.error(str(exc))
+    files, report = report_of_inputs(args, parser)
     verdicts = protocol_verdicts(report["runs"])
     report["protocol"] = {
         "what": ("cold-first time to reward assembled from trainings of several calls: per learner, the lowest seed "
