@@ -11,9 +11,7 @@ first logged row's wall_s, and on/off.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -21,29 +19,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
 from common import run_environment, write_report  # noqa: E402
-from device.trainings import prebuild_native_extension  # noqa: E402
+from device.trainings import cli, copy_installed_unilab, prebuild_native_extension  # noqa: E402
 
 TRAIN = Path(__file__).resolve().parents[1] / "benchmark_flashsac_training.py"
 
 
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "flashsac_opt.cli", *args]
-
-
 def prepare(work: Path, patch: str, cpu: bool) -> dict[str, Path]:
     """{"on": copy with every patch, "off": the same without ``patch``}: UniLab package dirs."""
-    spec = importlib.util.find_spec("unilab")
-    if spec is None or spec.origin is None:
-        raise SystemExit("startup_patch_pair: unilab is not importable")
-    deps = Path(spec.origin).parent.parent
     copies = {}
     for side in ("off", "on"):
         site = work / side
-        shutil.rmtree(site, ignore_errors=True)
-        shutil.copytree(deps / "unilab", site / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
-        for info in deps.glob("unilab-*.dist-info"):
-            shutil.copytree(info, site / info.name)
-        subprocess.run(cli("unilab", "placeholder-meshes", "--root", str(site / "unilab")), check=True, capture_output=True)
+        copy_installed_unilab(site)
         subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), *(["--with-cpu-smoke"] if cpu else [])), check=True, capture_output=True)
         if side == "off":
             subprocess.run(cli("unilab", "revert", "--root", str(site / "unilab"), "--patch", patch), check=True, capture_output=True)

@@ -104,14 +104,25 @@ def series_digest() -> str:
     return digest.hexdigest()
 
 
+def copy_installed_unilab(site: Path) -> None:
+    """The installed unilab package and its dist-info into ``site`` (replacing what was there),
+    with placeholder G1 meshes."""
+    spec = importlib.util.find_spec("unilab")
+    if spec is None or spec.origin is None:
+        raise SystemExit("unilab is not importable (the training wheels: run.py --fetch-wheels training)")
+    deps = Path(spec.origin).parent.parent
+    if site.exists():
+        shutil.rmtree(site)
+    shutil.copytree(deps / "unilab", site / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
+    for info in deps.glob("unilab-*.dist-info"):
+        shutil.copytree(info, site / info.name)
+    subprocess.run(cli("unilab", "placeholder-meshes", "--root", str(site / "unilab")), check=True)
+
+
 def prepare_copies(root: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
     """Stock and patched copies of the installed unilab package, with placeholder meshes; only
     the ``names`` a call's trainings run (each copy costs ~35 s on a fresh machine, its H2D
     extension 21-23 s of it: 2026-12-02)."""
-    spec = importlib.util.find_spec("unilab")
-    if spec is None or spec.origin is None:
-        raise SystemExit("trainings: unilab is not importable (the training wheels: run.py --fetch-wheels training)")
-    deps = Path(spec.origin).parent.parent
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another trainings.py on this machine may be making them too
@@ -120,12 +131,7 @@ def prepare_copies(root: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
             ready = site / ".ready"
             if ready.is_file() and ready.read_text() == series_digest():
                 continue
-            if site.exists():
-                shutil.rmtree(site)
-            shutil.copytree(deps / "unilab", site / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
-            for info in deps.glob("unilab-*.dist-info"):
-                shutil.copytree(info, site / info.name)
-            subprocess.run(cli("unilab", "placeholder-meshes", "--root", str(site / "unilab")), check=True)
+            copy_installed_unilab(site)
             if name == "patched":
                 subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab")), check=True)
             state, seconds = prebuild_native_extension(site)
