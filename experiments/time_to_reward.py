@@ -369,6 +369,11 @@ def empty_cache_env(folder: Path) -> dict[str, str]:
     return cache_env(folder)
 
 
+def cache_folder(args, learner: str) -> Path:
+    """The protocol's compile caches for ``learner``: --cache, or one folder per learner under --work."""
+    return args.cache or args.work / f"cache_{learner}"
+
+
 def trainings_command(args, runs: list[str], seconds: float, *extra: str) -> list[str]:
     return [sys.executable, str(TRAININGS), "--updates", str(args.updates), "--batch", str(args.batch), "--envs", str(args.envs),
             "--replay-buffer-n", str(args.replay_buffer_n), "--learning-starts", str(args.learning_starts), "--no-eval",
@@ -420,7 +425,7 @@ def protocol_main(args) -> int:
         for learner in args.learners:
             runs = [f"{learner}:graph:{seed}" for seed in args.seeds]
             if args.warm_cache:
-                print(f"{learner}, warm seeds on {args.cache or args.work / f'cache_{learner}'} as an earlier call left it: "
+                print(f"{learner}, warm seeds on {cache_folder(args, learner)} as an earlier call left it: "
                       + shlex.join(trainings_command(args, runs, share)))
                 continue
             cold_s = min(args.cold_seed_limit, share)
@@ -433,8 +438,7 @@ def protocol_main(args) -> int:
     env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     done: list[dict] = []
     for learner in args.learners:
-        folder = args.cache or args.work / f"cache_{learner}"
-        cache = cache_env(folder) if args.warm_cache else empty_cache_env(folder)
+        cache = (cache_env if args.warm_cache else empty_cache_env)(cache_folder(args, learner))
         runs = [f"{learner}:graph:{seed}" for seed in args.seeds]
         extra = ["--iterations", str(args.iterations), "--stop-at-reward", f"{max(THRESHOLDS):g}"]
         if learner == "unilab":  # its compile on every core, as its best configuration
@@ -443,20 +447,16 @@ def protocol_main(args) -> int:
         # estimate plus an equal part) cut a cold seed at 121 s, before it reached 30 (results/time_to_reward/
         # protocol_u64_mps_2026-12-04); the warm seeds then share what is left.
         started = time.monotonic()
-        if args.warm_cache:  # an earlier call ran the cold seed on this cache: every seed here is warm
-            cold_s, code = None, subprocess.run(trainings_command(args, runs, share, *extra), env={**env, **cache}).returncode
-            runs_left = []
-        else:
-            cold_s = min(args.cold_seed_limit, share)
-            code = subprocess.run(trainings_command(args, runs[:1], cold_s, *extra), env={**env, **cache}).returncode
-            runs_left = runs[1:]
-        if runs_left:
+        cold = [] if args.warm_cache else runs[:1]  # --warm-cache: an earlier call ran the cold seed on this cache
+        cold_s = min(args.cold_seed_limit, share) if cold else None
+        code = subprocess.run(trainings_command(args, cold, cold_s, *extra), env={**env, **cache}).returncode if cold else 0
+        if runs[len(cold):]:
             left = share - (time.monotonic() - started)
-            code = max(code, subprocess.run(trainings_command(args, runs_left, left, *extra), env={**env, **cache}).returncode)
+            code = max(code, subprocess.run(trainings_command(args, runs[len(cold):], left, *extra), env={**env, **cache}).returncode)
         done.append({"learner": learner, "cache": cache["TORCHINDUCTOR_CACHE_DIR"], "runs": runs, "cold_seed_limit_s": cold_s,
                      "exit_status": code})
     pairs = []
-    cache = {**env, **cache_env(args.cache or args.work / "cache_flashsac_opt")}  # what the patched seeds left
+    cache = {**env, **cache_env(cache_folder(args, "flashsac_opt"))}  # what the patched seeds left
     for k in range(args.startup_pairs):
         for preload, tag in (("0", "startup_spawn"), ("1", "startup_preload")):
             seed = 11 + k
