@@ -14,8 +14,9 @@ Python process of the training spent its time until the first update).
         --output results/trainings/training_u8_b256_flashsac_opt_graph_s1.json
 
 --time-limit S interrupts the training as Ctrl-C would (UniLab shuts down cleanly and keeps its
-events) and summarizes what was logged, at most its second half (`stopped_by_time_limit`; a run
-stopped before its first update writes its JSON with no rows and exits 2); --save-interval N
+events) and summarizes what was logged within the limit, at most its second half
+(`stopped_by_time_limit`; a run stopped before its first update writes its JSON with no rows and
+exits 2); --save-interval N
 checkpoints so a stopped run still leaves one. --stop-at-reward R stops it the same way once the
 20-iteration moving mean of Train/mean_reward reaches R (`stopped_at_reward`; events are polled
 every few seconds, so it runs a few iterations past the crossing).
@@ -385,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     # no events yet: the time limit came during UniLab's own start (reported below as no rows)
     run_dir = runs[-1].parent if runs else None
     rows_all = read_rows(run_dir, launched) if run_dir is not None else []
+    past_limit = 0
+    if stopped:
+        # Only what the training did within its limit is its run: a Ctrl-C that Python swallowed
+        # ("Exception ignored in" a weakref callback, as one CI run printed) leaves it learning
+        # until the SIGKILL 60 s later, and those iterations would count as if within the limit.
+        within = [r for r in rows_all if r["wall_s"] <= args.time_limit]
+        past_limit, rows_all = len(rows_all) - len(within), within
     timeline = startup_timeline(events, launched)
     stack_report = switch_stacks = None
     if args.stack_samples:  # where each process was until the first update (all of it when there was none)
@@ -451,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         "stop_at_reward": args.stop_at_reward,
         "stopped_at_reward": stop_reason == "reward",
         "iterations_logged": len(rows_all),
+        "iterations_logged_past_time_limit": past_limit,  # logged after the limit: not in rows_all
         "completed": completed,
         "unilab_exit_status": returncode,
         # warm: an earlier compile left Inductor's cache non-empty, so the first update's
