@@ -29,7 +29,8 @@ from flashsac_opt import toolchain
 AUTO = "auto"  # compile_cache_file value: the keyed file in default_dir()
 ENV_DIR = "FLASHSAC_OPT_CACHE_DIR"
 KEY_FORMAT = "flashsac_opt.compile_cache/1"
-# Config fields left out of the key: the cache location itself, and fields that never reach
+# Config fields left out of the key: the cache location itself and how compiled steps are kept
+# (precompiled.py files sit beside it under the same key), and fields that never reach
 # a compiled graph: the runtime's (collector, replay, run length), UniLab's actor_lr /
 # critic_lr (its adapter drops them; the learning rate is a device tensor, not a constant),
 # and the schedule, whose values the key takes from the iteration that actually runs
@@ -38,7 +39,7 @@ KEY_FORMAT = "flashsac_opt.compile_cache/1"
 # change the code only costs a cache miss, a missing one could make two configurations
 # share a file that then hits for neither.
 NOT_IN_KEY = frozenset({
-    "compile_cache_file",
+    "compile_cache_file", "precompiled_steps",
     "num_envs", "replay_buffer_n", "learning_starts", "max_iterations",
     "actor_lr", "critic_lr",
     "batch_size", "updates_per_step", "policy_frequency", "target_frequency", "policy_before_critic",

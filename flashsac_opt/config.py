@@ -90,6 +90,12 @@ class EngineOptions:
     # home directory, cold-start measurements included. It holds generated code: only
     # point it at files you trust. Eager mode ignores it.
     compile_cache_file: str | None = None
+    # Save the fused update steps whole after their first compile and load them in later
+    # processes (precompiled.py: Dynamo's AOT precompile, next to the compile-cache file):
+    # no tracing at a warm start, and the compile-ahead children hand them to the training
+    # process. Inductor without its CUDA graphs only (graph mode; compile mode on the CPU).
+    # Off until measured on the GPU; FLASHSAC_OPT_PRECOMPILED_STEPS=1 turns it on under UniLab.
+    precompiled_steps: bool = False
     # One compile boundary per network update: forward, backward (torch.func), finite
     # guard, Adam, renormalization and commits in one graph. False: loss and step compiled
     # apart (autograd between). None: fused when the first batch has at most
@@ -243,6 +249,7 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             "fused_update": self.fused_update,
             "activation_memory_budget": self.activation_memory_budget,
             "compile_cache_file": self.compile_cache_file,
+            "precompiled_steps": self.precompiled_steps,
         }
 
     @property

@@ -44,11 +44,12 @@ import contextlib
 import functools
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
-from flashsac_opt import compile_cache, pdl, toolchain
+from flashsac_opt import compile_cache, pdl, precompiled, toolchain
 
 MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
@@ -212,6 +213,7 @@ class Engine:
         reduce: Callable[..., list[torch.Tensor]] | None = None,
         compile_cache_file: str | None = None,
         compile_cache_key: Mapping[str, Any] | None = None,
+        precompiled_steps: bool = False,
     ):
         """``state``: every tensor an iteration changes in place (parameters included).
         ``cache_custom_autograd_functions``: the updates call a custom autograd.Function (traced
@@ -221,7 +223,9 @@ class Engine:
         step (forces the split form). ``compile_cache_file``: a file of torch.compile's cache
         artifacts (compiled modes only), or ``"auto"`` for the keyed file in the default
         directory (compile_cache.py), resolved at the first batch from ``compile_cache_key``
-        (the caller's ``dims`` and ``config`` mappings) and what the engine adds."""
+        (the caller's ``dims`` and ``config`` mappings) and what the engine adds.
+        ``precompiled_steps``: the fused steps are saved whole and loaded by later processes
+        (precompiled.py), with Inductor and without its CUDA graphs (graph mode, or the CPU)."""
         self.mode = check_mode(mode)
         self.device = device
         if self.mode == "graph" and device.type != "cuda":
@@ -256,6 +260,8 @@ class Engine:
         # by a key that needs the per-update rows, so it is resolved by the first batch.
         self._cache_option = compile_cache_file if self.compiled else None
         self._cache_key_inputs = dict(compile_cache_key or {})
+        self._precompiled = precompiled_steps and self.compiled and backend == "inductor"
+        self.precompiled_steps: dict[str, precompiled.PrecompiledStep] = {}  # by network, once built
         self.compile_cache_file: str | None = None  # the file in use, once resolved
         self.compile_cache_loaded = False
         self.compile_cache_saved = False
@@ -317,12 +323,29 @@ class Engine:
         """Load the compile-cache file now rather than at the first compile: the configured
         one, or (``auto``) the keyed one for ``rows`` per update and ``schedule`` when it exists.
         Returns the file when it loaded (a corrupt one warns once and is rewritten after the
-        first compile, as ever); None otherwise."""
+        first compile, as ever), else the precompiled steps' folder when it holds every fused
+        network's step (they load in about a second); None otherwise."""
         if self.compile_cache_file is None and self._cache_option == compile_cache.AUTO:
             file = compile_cache.default_file(self.compile_cache_key(rows, schedule))
             if file.is_file():
                 self._open_compile_cache(str(file))
-        return self.compile_cache_file if self.compile_cache_loaded else None
+        if self.compile_cache_loaded:
+            return self.compile_cache_file
+        if self._precompiles(rows):
+            where = self.precompiled_folder(rows)
+            if precompiled.ready(where, [name for name, net in self._networks.items() if net.compose_loss is None]):
+                return str(where)
+        return None
+
+    def _precompiles(self, rows: int) -> bool:
+        """Whether fused steps for ``rows`` per update are precompiled: asked, no Inductor CUDA
+        graphs (cudagraph trees around a loaded function are untried), fused at these rows."""
+        fused = rows <= FUSED_UPDATE_MAX_BATCH if self._fused_option is None else bool(self._fused_option)
+        return self._precompiled and fused and self._fusable and not self._inductor_options(rows).get("triton.cudagraphs")
+
+    def precompiled_folder(self, rows: int) -> Path:
+        """The precompiled steps' folder: keyed as the compile-cache file, less the schedule."""
+        return precompiled.folder(self.compile_cache_key(rows))
 
     def forget_compile_cache(self) -> None:
         """Undo ``open_compile_cache`` (``auto`` only): the first compile resolves the keyed file
@@ -363,7 +386,7 @@ class Engine:
             else:
                 fused = bool(self._fused_option)
             self.fused_update = fused and self._fusable
-            self._updates = {name: self._build(net, self._compiles(name)) for name, net in self._networks.items()}
+            self._updates = {name: self._build(net, self._compiles(name), name) for name, net in self._networks.items()}
         return self._updates
 
     def _compiles(self, name: str) -> bool:
@@ -392,13 +415,31 @@ class Engine:
             return fn
         return compile_objective(fn, self._backend, self._inductor_options(self._rows), self._functorch_config)
 
-    def _build(self, net: NetworkUpdate, compiles: bool = True) -> Callable[..., torch.Tensor]:
+    def _compile_step(self, name: str, fn: Callable) -> Callable:
+        """A fused step compiled: saved whole and loaded where precompiled (precompiled.py)."""
+        if not self._precompiles(self._rows):
+            return self._compile(fn)
+        where = self.precompiled_folder(self._rows)
+        step = precompiled.PrecompiledStep(fn, name, where, lambda: self._compile(fn),
+                                           {"backend": self._backend, "options": self._inductor_options(self._rows)}, self._functorch_config)
+        self.precompiled_steps[name] = step
+        return step
+
+    def precompiled_report(self) -> dict[str, list[str]] | None:
+        """Which precompiled steps this process loaded, saved, or compiled otherwise; None where
+        none are in use."""
+        if not self.precompiled_steps:
+            return None
+        steps = self.precompiled_steps.values()
+        return {what: sorted(name for s in steps for name in getattr(s, what)) for what in ("loaded", "saved", "fell_back")}
+
+    def _build(self, net: NetworkUpdate, compiles: bool = True, name: str = "") -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held
         # (metric values are copied out at once), so each update may begin a cudagraph-tree step.
         mark_step = self.mode == "compile"
         compile = self._compile if compiles else _as_it_is
         if compiles and self._fused(net):
-            step = self._compile(net.step)
+            step = self._compile_step(name, net.step)
 
             def fused(batch, noise, *args):
                 if mark_step:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashsac_opt import compile_ahead
+from flashsac_opt import compile_ahead, compile_cache
 from flashsac_opt.compile_ahead import CompileAhead
 from flashsac_opt.config import FlashSACConfig
 
@@ -447,6 +447,7 @@ def test_unilab_runs_use_the_keyed_compile_cache_file_unless_turned_off():
 
 _CACHE_HIT_SCRIPT = """
 import json, sys, torch
+from pathlib import Path
 from torch._dynamo.utils import counters
 from flashsac_opt.compile_ahead import SPLIT_SHARES, CompileAhead, precompile
 from flashsac_opt.config import FlashSACConfig
@@ -460,20 +461,25 @@ else:  # small networks, one block each: Inductor's CPU compile (C++ per kernel)
                          actor_num_blocks=1, critic_num_blocks=1, learner_mode="compile")
     dims = (6, 7, 3)
 cfg.compile_cache_file = sys.argv[3]  # the training's keyed file: written by the child, or (split) by this process
+cfg.precompiled_steps = sys.argv[2] == "split_precompiled"  # the children save the fused steps, this process loads them
 ok, child_s = True, None
 if sys.argv[2] != "from_file":  # from_file: another machine's first run, with only the file
-    shares = SPLIT_SHARES if sys.argv[2] == "split" else None
+    shares = SPLIT_SHARES if sys.argv[2].startswith("split") else None
     ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device, shares=shares)
     ok, child_s = ahead.wait(), ahead.report and ahead.report["seconds"]
-report = precompile(FlashSACLearner(cfg, *dims, device=device))
-print(json.dumps({"ok": ok, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
+learner = FlashSACLearner(cfg, *dims, device=device)
+report = precompile(learner)
+print(json.dumps({"precompiled_steps": learner.engine.precompiled_report(), "ok": ok, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
                   "saved": report["compile_cache_saved"],
-                  "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}))
+                  "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"],
+                  "keyed_dir_files": sorted(str(p.relative_to(sys.argv[4])) for p in Path(sys.argv[4]).rglob("*.bin"))}))
 """
 
 
-@pytest.mark.parametrize("children", ["one", "split"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device, children", [
+    ("cpu", "one"), ("cpu", "split"),
+    *(pytest.param("cuda", children, marks=pytest.mark.gpu) for children in ("one", "split", "split_precompiled")),
+])
 def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, device, children):
     # A fresh Inductor cache for both processes: every FX graph the parent needs must come
     # from the child (a miss is a second cold compile of that graph). This failed while the
@@ -488,8 +494,9 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
     file = str(tmp_path / "artifacts.bin")
 
     def run(how: str, cache: str) -> dict:
-        cache_env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / cache), "TRITON_CACHE_DIR": str(tmp_path / cache / "triton")}
-        done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT, device, how, file], env={**env, **cache_env},
+        cache_env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / cache), "TRITON_CACHE_DIR": str(tmp_path / cache / "triton"),
+                     compile_cache.ENV_DIR: str(tmp_path / "keyed")}
+        done = subprocess.run([sys.executable, "-c", _CACHE_HIT_SCRIPT, device, how, file, str(tmp_path / "keyed")], env={**env, **cache_env},
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -497,6 +504,12 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
         return report
 
     report = run(children, "inductor")
+    if children == "split_precompiled":
+        # each child saved its network's fused step (aot_compile keeps no FX graph in the cache);
+        # this process loaded both: nothing traced or compiled here
+        assert report["ok"] and report["precompiled_steps"] == {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": []}, report
+        assert sorted(Path(f).name for f in report["keyed_dir_files"]) == ["actor.bin", "critic-True.bin"], report
+        return
     assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report
     # one child writes the keyed file and this process loads it; split children write none (each
     # holds one share) and this process writes it from what it found in the caches

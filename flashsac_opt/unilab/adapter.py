@@ -63,6 +63,24 @@ def unilab_compile_cache_file(value: Any) -> str | None:
     return None if text.lower() in ("off", "none", "null", "false", "") else text
 
 
+PRECOMPILED_STEPS_ENV = "FLASHSAC_OPT_PRECOMPILED_STEPS"
+
+
+def unilab_precompiled_steps(value: Any) -> bool:
+    """Whether a UniLab run keeps its fused steps precompiled (precompiled.py): the config's
+    algo_params.precompiled_steps where it sets one, else FLASHSAC_OPT_PRECOMPILED_STEPS (1/0;
+    off when unset). Inherited by the compile-ahead children, which write the files the training
+    process then loads."""
+    if value is None:
+        value = os.environ.get(PRECOMPILED_STEPS_ENV, "0")
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"precompiled_steps / {PRECOMPILED_STEPS_ENV}={value!r}: expected 1/on or 0/off")
+
+
 def startup_event(event: str, at: float | None = None, **extra: Any) -> None:
     """Append one start-up milestone (now, or at the ``time.time()`` value ``at``) to the file
     FLASHSAC_OPT_STARTUP_EVENTS names (nothing without it)."""
@@ -91,7 +109,8 @@ def switch_details(before: tuple[dict, dict], engine: Any, child_report: dict | 
     return {"caches": compile_cache_counters(since=counters),
             "compile_phases_s": {k: round(v - totals.get(k, 0.0), 3) for k, v in compile_time_totals().items()},
             "child_compile_cache_file": (child_report or {}).get("compile_cache_file"),
-            "compile_cache_file": engine.compile_cache_file, "compile_cache_loaded": engine.compile_cache_loaded}
+            "compile_cache_file": engine.compile_cache_file, "compile_cache_loaded": engine.compile_cache_loaded,
+            "precompiled_steps": engine.precompiled_report()}
 
 
 def nccl_transport_notice(device_type: str, environ: dict[str, str]) -> str | None:
@@ -156,6 +175,7 @@ class UniLabFlashSACLearner:
         if values.get("amp_dtype") is not None:
             values["amp_dtype"] = str(values["amp_dtype"])
         values["compile_cache_file"] = unilab_compile_cache_file(values.get("compile_cache_file"))
+        values["precompiled_steps"] = unilab_precompiled_steps(values.get("precompiled_steps"))
         self.cfg = FlashSACConfig(**{**UNILAB_RUN_DEFAULTS, **values})
         self.learner = FlashSACLearner(self.cfg, obs_dim, critic_obs_dim, action_dim, device=device)
         # A compiled learner on CUDA compiles in a child process from here on, while UniLab starts
@@ -398,7 +418,7 @@ class UniLabFlashSACLearner:
         with self.learner.engine.preserved(), self._compile_workers():  # the collector is not collecting yet
             self.learner.update(batch, updates_per_step=warmup_context.updates_per_step, policy_frequency=warmup_context.policy_frequency)
         self.learner.iterations = iterations
-        startup_event(f"{event}_end")
+        startup_event(f"{event}_end", precompiled_steps=self.learner.engine.precompiled_report())
 
     # ------------------------------------------------------------ data parallel (training.devices=[...])
     def set_gradient_sync(self, sync: Any) -> None:
