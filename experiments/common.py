@@ -101,7 +101,52 @@ def run_environment(device: str, packages: tuple[str, ...] = ()) -> dict:
         "python": platform.python_version(),
         **host_share(),
         **{name: version(name) for name in packages},
+        "bytecode_cached": bytecode_cached(),
     }
+
+
+# The packages a training's processes import at start-up (their bytecode state goes into each report)
+BYTECODE_PACKAGES = ("torch", "unilab", "flashsac_opt", "hydra", "omegaconf", "mujoco", "numpy")
+
+
+def bytecode_cached(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> dict[str, float | None]:
+    """Per package, the share of its modules with a cached .pyc no older than the source, where
+    this interpreter looks for it (None: not installed). pip writes them at install; wheels
+    installed with --no-compile under PYTHONDONTWRITEBYTECODE=1 (the device machines set it)
+    have none, and then every process compiles every module it imports at every launch, which
+    no user's pip install does."""
+    import importlib.util
+    import os
+
+    shares: dict[str, float | None] = {}
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            shares[name] = None
+            continue
+        total = cached = 0
+        for root, _, files in os.walk(next(iter(spec.submodule_search_locations))):
+            for file in files:
+                if file.endswith(".py"):
+                    source = os.path.join(root, file)
+                    total += 1
+                    pyc = importlib.util.cache_from_source(source)
+                    cached += os.path.exists(pyc) and os.path.getmtime(pyc) >= os.path.getmtime(source)
+        shares[name] = round(cached / total, 3) if total else None
+    return shares
+
+
+def compile_bytecode(*paths: Path) -> float:
+    """Write the .pyc of every module under ``paths``, as pip does at install (all CPUs); ->
+    seconds. A run's start-up then reads bytecode as on a user's machine."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    # not checked: compileall exits 1 for any file that does not compile (templates, py2 leftovers)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *map(str, paths)], stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
 
 
 def host_share() -> dict:

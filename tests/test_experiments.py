@@ -799,3 +799,24 @@ if __name__ == "__main__":  # the import graph of the folders given (roots), its
     for component in found:
         print("circle: " + " <-> ".join(str(p.relative_to(Path.cwd()) if p.is_relative_to(Path.cwd()) else p) for p in component))
     sys.exit(1 if found else 0)
+
+
+def test_bytecode_state_is_reported_and_written_as_pip_would(tmp_path, monkeypatch):
+    """A package installed with --no-compile under PYTHONDONTWRITEBYTECODE=1 has no bytecode: the
+    report says so (share 0), compile_bytecode writes it (share 1), and a source edited after its
+    .pyc counts as not cached again; an absent package is None."""
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    common = load("common.py")
+    package = tmp_path / "fresh_pkg"
+    (package / "sub").mkdir(parents=True)
+    for rel in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py"):
+        (package / rel).write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    assert common.bytecode_cached(("fresh_pkg", "no_such_pkg_here")) == {"fresh_pkg": 0.0, "no_such_pkg_here": None}
+    assert common.compile_bytecode(package) > 0
+    assert common.bytecode_cached(("fresh_pkg",)) == {"fresh_pkg": 1.0}
+    edited = package / "a.py"
+    edited.write_text("X = 2\n")
+    os.utime(edited, (time.time() + 60, time.time() + 60))
+    assert common.bytecode_cached(("fresh_pkg",)) == {"fresh_pkg": 0.75}

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
-from common import run_environment, write_report  # noqa: E402
+from common import compile_bytecode, run_environment, write_report  # noqa: E402
 from device.trainings import cli, copy_installed_unilab, prebuild_native_extension  # noqa: E402
 
 TRAIN = Path(__file__).resolve().parents[1] / "benchmark_flashsac_training.py"
@@ -35,6 +35,7 @@ def prepare(work: Path, patch: str, cpu: bool) -> dict[str, Path]:
             subprocess.run(cli("unilab", "revert", "--root", str(site / "unilab"), "--patch", patch), check=True, capture_output=True)
         if not cpu:  # UniLab's native H2D extension, built once per copy before any timed launch
             prebuild_native_extension(site)
+        compile_bytecode(site)  # as pip writes it at install: no launch compiles UniLab from source
         copies[side] = site / "unilab"
     return copies
 

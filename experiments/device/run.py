@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
-from common import sigint_default_in_child  # noqa: E402
+from common import BYTECODE_PACKAGES, bytecode_cached, compile_bytecode, sigint_default_in_child  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = Path(__file__).with_name("runs.toml")
@@ -171,7 +171,26 @@ def install_wheels(matrix: Matrix, sets: list[str], site: Path) -> None:
         return
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
                     "--upgrade", "--target", str(site), *wheels], check=True)
+    print(f"run.py: bytecode of the installed wheels written in {compile_bytecode(site):.1f} s (pip's step, on every CPU)", flush=True)
     marker.write_text(listing)
+
+
+def write_missing_bytecode(threshold: float = 0.9) -> dict:
+    """Compile the start-up's packages (BYTECODE_PACKAGES: the image's torch, this checkout's
+    flashsac_opt, ...) where fewer than ``threshold`` of their modules have bytecode: the machine
+    sets PYTHONDONTWRITEBYTECODE=1, so nothing would ever write it, and each training process
+    would compile them from source at launch. -> what it found and did, for the call's record."""
+    import importlib.util
+
+    found = bytecode_cached()
+    done = {}
+    for name, share in found.items():
+        spec = importlib.util.find_spec(name) if share is not None and share < threshold else None
+        if spec is not None and os.access(next(iter(spec.submodule_search_locations)), os.W_OK):
+            done[name] = round(compile_bytecode(Path(next(iter(spec.submodule_search_locations)))), 1)
+    if done:
+        print(f"run.py: bytecode written for {done} (seconds; shares before: {found})", flush=True)
+    return {"before": found, "compiled_s": done, "packages": list(BYTECODE_PACKAGES)}
 
 
 def fetch_wheels(matrix: Matrix, which: str) -> int:
@@ -480,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (REPO / c).exists():
             sys.exit(f"run.py: {c} was not carried (prepare it here and name it in the call's carry)")
     install_wheels(matrix, wheel_sets(matrix, args.runs), args.work_root / "site")
+    call.record["bytecode"] = write_missing_bytecode()
     listing = gpu_list()
     gpus = args.assume_gpus if args.assume_gpus is not None else len(listing)
     call.record.update(gpus=gpus, gpu_list=listing)

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "experiments"))  # common, when run as a script
+from common import compile_bytecode  # noqa: E402
 TRAIN = REPO / "experiments" / "benchmark_flashsac_training.py"
 RUN = re.compile(r"^(?:U(?P<u>[1-9][0-9]*):)?(?P<learner>unilab|flashsac_opt):(?P<mode>eager|compile|graph)(?::(?P<seed>[0-9]+))?$")
 # Launch to first update on the H200 (UniLab start ~45 s, compile, capture), cold or with an
@@ -136,6 +138,7 @@ def prepare_copies(root: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
                 subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab")), check=True)
             state, seconds = prebuild_native_extension(site)
             print(f"UniLab's native H2D extension for the {name} copy: {state} in {seconds:.1f} s (before any timed training)", flush=True)
+            print(f"its bytecode, as pip writes it at install: {compile_bytecode(site):.1f} s", flush=True)
             ready.write_text(series_digest())
     return root / "stock", root / "patched"
 
