@@ -1,17 +1,22 @@
-"""One start-up patch on and off: launch -> learner and -> first update, alternating processes.
+"""One start-up patch, or UniLab's bytecode, on and off: launch -> learner and -> first update,
+alternating processes.
 
-Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA), one with
---patch reverted; --rounds short G1 trainings each (experiments/benchmark_flashsac_training.py),
-off and on alternating; medians per side of the start-up timeline's learner_constructed_s and the
-first logged row's wall_s, and on/off.
+Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA): with
+--patch, one has that patch reverted; with --bytecode, one has no .pyc files (a wheel installed
+with --no-compile under PYTHONDONTWRITEBYTECODE=1, which every training here then runs under).
+--rounds short G1 trainings each (experiments/benchmark_flashsac_training.py), off and on
+alternating; medians per side of the start-up timeline's learner_constructed_s and the first
+logged row's wall_s, and on/off.
 
     python experiments/bench/startup_patch_pair.py --patch 0006-startup-probe-eager --output results/startup/probe_eager_cpu.json
+    python experiments/bench/startup_patch_pair.py --bytecode --output results/startup/bytecode_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,18 +29,20 @@ from device.trainings import cli, copy_installed_unilab, prebuild_native_extensi
 TRAIN = Path(__file__).resolve().parents[1] / "benchmark_flashsac_training.py"
 
 
-def prepare(work: Path, patch: str, cpu: bool) -> dict[str, Path]:
-    """{"on": copy with every patch, "off": the same without ``patch``}: UniLab package dirs."""
+def prepare(work: Path, patch: str | None, cpu: bool) -> dict[str, Path]:
+    """{"on": copy with every patch and its bytecode, "off": the same without ``patch``, or
+    without bytecode where ``patch`` is None}: UniLab package dirs."""
     copies = {}
     for side in ("off", "on"):
         site = work / side
         copy_installed_unilab(site)
         subprocess.run(cli("unilab", "apply", "--root", str(site / "unilab"), *(["--with-cpu-smoke"] if cpu else [])), check=True, capture_output=True)
-        if side == "off":
+        if side == "off" and patch is not None:
             subprocess.run(cli("unilab", "revert", "--root", str(site / "unilab"), "--patch", patch), check=True, capture_output=True)
         if not cpu:  # UniLab's native H2D extension, built once per copy before any timed launch
             prebuild_native_extension(site)
-        compile_bytecode(site)  # as pip writes it at install: no launch compiles UniLab from source
+        if side == "on" or patch is not None:
+            compile_bytecode(site)  # as pip writes it at install: no launch compiles UniLab from source
         copies[side] = site / "unilab"
     return copies
 
@@ -47,7 +54,9 @@ def median(values: list[float | None]) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--patch", required=True, help="the series name of the patch to toggle (e.g. 0006-startup-probe-eager)")
+    toggle = parser.add_mutually_exclusive_group(required=True)
+    toggle.add_argument("--patch", help="the series name of the patch to toggle (e.g. 0006-startup-probe-eager)")
+    toggle.add_argument("--bytecode", action="store_true", help="toggle the UniLab copy's .pyc files instead")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mode", choices=("eager", "compile", "graph"), help="learner mode (default: graph on CUDA, eager on the CPU)")
     parser.add_argument("--num-envs", type=int, default=16)
@@ -68,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--num-envs", str(args.num_envs), "--batch-size", "32", "--updates-per-step", "2", "--iterations", str(args.iterations),
                    "--learning-starts", "2", "--replay-buffer-n", "32", "--summary-last", "1", "--seed", str(2 + k),
                    "--log-root", str(args.work / f"logs_{side}_{k}"), "--output", str(out)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            # no process writes bytecode: the off side keeps none (as on the device machines)
+            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
             if done.returncode or not out.is_file():
                 print(done.stdout[-2000:], done.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"startup_patch_pair: the {side} training of round {k} failed (rc={done.returncode})")
@@ -82,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = {side: {key: median([r[key] for r in runs if r["patch"] == side]) for key in ("learner_constructed_s", "first_update_s")}
              for side in ("off", "on")}
     ratio = {key: (sides["on"][key] / sides["off"][key] if sides["on"][key] and sides["off"][key] else None) for key in sides["on"]}
-    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "what": __doc__.split("\n\n")[0],
+    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else "patch", "what": __doc__.split("\n\n")[0],
                   "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds,
                                     "device": "cpu" if cpu else "cuda", "order": "one throw-away launch, then off, on alternating"},
                   "environment": run_environment("cpu" if cpu else "cuda"), "runs": runs, "median": sides, "on_over_off": ratio},
