@@ -194,6 +194,8 @@ compiled code: train with the same overrides (patch 0001 hands `train`'s learner
 learner_mode, fused_update and compile_cache_file of flashsac_opt's engine options
 only: another one set here gives a file `train` will not find). Exit status 1 when
 torch left no artifacts to write (e.g. compile_backend=aot_eager), 2 when refused.
+With FLASHSAC_OPT_PRECOMPILED_STEPS=1, as under `train`, the fused steps are also
+saved whole beside the file (flashsac_opt/precompiled.py).
 """
 
 
@@ -215,7 +217,7 @@ def precompile(args: argparse.Namespace) -> int:
     from flashsac_opt import compile_ahead
     from flashsac_opt.config import UNILAB_RUN_DEFAULTS, FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
-    from flashsac_opt.unilab.adapter import unilab_compile_cache_file
+    from flashsac_opt.unilab.adapter import unilab_compile_cache_file, unilab_precompiled_steps
 
     start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -226,7 +228,9 @@ def precompile(args: argparse.Namespace) -> int:
         # What patch 0001 passes where the config has no value (graph mode); the adapter then
         # resolves the cache file (the keyed default unless a path or "off" is configured).
         cfg = FlashSACConfig.from_unilab(composed, defaults=UNILAB_RUN_DEFAULTS)
-        cfg = cfg.replace(compile_cache_file=unilab_compile_cache_file(cfg.compile_cache_file))
+        # as the adapter resolves them: what a UniLab run of this configuration then loads
+        cfg = cfg.replace(compile_cache_file=unilab_compile_cache_file(cfg.compile_cache_file),
+                          precompiled_steps=unilab_precompiled_steps(cfg.precompiled_steps))
         if cfg.compile_cache_file is None:
             raise ValueError("algo.algo_params.compile_cache_file is off: there is no file to write")
         learner = FlashSACLearner(cfg, args.obs_dim, args.critic_obs_dim, args.action_dim, device=device)
@@ -239,6 +243,10 @@ def precompile(args: argparse.Namespace) -> int:
     report = compile_ahead.precompile(learner)
     seconds = time.perf_counter() - start
     what = f"learner_mode={learner.engine.mode}, {cfg.batch_size} rows x {cfg.updates_per_step} updates, {report['device']}"
+    steps = report["precompiled_steps"]
+    if steps:  # FLASHSAC_OPT_PRECOMPILED_STEPS=1: the fused steps' own files, beside the cache file
+        print(f"precompiled steps in {learner.engine.precompiled_folder(cfg.batch_size)}: saved {steps['saved']}, "
+              f"loaded {steps['loaded']}, compiled otherwise {steps['fell_back']}")
     if args.report:
         _write_precompile_report(Path(args.report), report, seconds, learner, args)
     if report["compile_cache_loaded"]:

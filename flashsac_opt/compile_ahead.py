@@ -187,6 +187,7 @@ def precompile(learner: Any) -> dict[str, Any]:
         "compile_cache_file": engine.compile_cache_file,
         "compile_cache_loaded": engine.compile_cache_loaded,
         "compile_cache_saved": engine.compile_cache_saved,
+        "precompiled_steps": engine.precompiled_report(),
     }
 
 

@@ -581,8 +581,10 @@ def test_the_switch_event_names_the_compile_cache_files_and_what_the_caches_serv
 
     before = (compile_cache_counters(), compile_time_totals())
     counters["inductor"]["fxgraph_cache_hit"] += 2
-    engine = types.SimpleNamespace(compile_cache_file="/c/key.bin", compile_cache_loaded=True)
+    steps = {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": []}
+    engine = types.SimpleNamespace(compile_cache_file="/c/key.bin", compile_cache_loaded=True, precompiled_report=lambda: steps)
     details = switch_details(before, engine, {"compile_cache_file": "/c/child.bin"})
+    assert details["precompiled_steps"] == steps  # what the switch loaded instead of tracing
     assert details["caches"]["fxgraph_hit"] == 2 and details["caches"]["fxgraph_miss"] == 0
     assert (details["child_compile_cache_file"], details["compile_cache_file"], details["compile_cache_loaded"]) == ("/c/child.bin", "/c/key.bin", True)
     assert all(v >= 0 for v in details["compile_phases_s"].values())
