@@ -431,7 +431,7 @@ class Engine:
         if not self.precompiled_steps:
             return None
         steps = self.precompiled_steps.values()
-        return {what: sorted(name for s in steps for name in getattr(s, what)) for what in ("loaded", "saved", "fell_back")}
+        return {what: sorted(name for s in steps for name in getattr(s, what)) for what in ("loaded", "saved", "fell_back", "stale")}
 
     def _build(self, net: NetworkUpdate, compiles: bool = True, name: str = "") -> Callable[..., torch.Tensor]:
         # In compile mode nothing a previous update's CUDA-graph replay returned is still held

@@ -20,6 +20,10 @@ What that costs, and how ``PrecompiledStep`` pays it:
   through Inductor's caches) and writes it: the compile-ahead children for the training
   process, a first run for the next one.
 - Loading installs guards into the current TracingContext, hence a throw-away one around it.
+- Nor do the guards look at source code: a file saved before an edit of the step's code would
+  run the old code. The file records every traced function's source lines and their digest;
+  one that no longer matches the module on disk is compiled and saved again (the check torch's
+  own compile packages make).
 
 Files: ``<compile_cache.default_dir()>/<key>.steps/<network>[-<constant>...].bin``, ``key`` the
 engine's compile-cache key without the schedule (a step's code does not depend on it, and the
@@ -31,6 +35,9 @@ the compile-cache file: only use a directory you trust. Off by default
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib
+import inspect
 import os
 import warnings
 from pathlib import Path
@@ -66,6 +73,24 @@ def load(file: Path) -> Callable:
         return torch.compiler.load_compiled_function(fh)
 
 
+def stale_sources(compiled: Any) -> list[str]:
+    """The traced functions (``module:first-last``) whose source lines differ from what
+    ``compiled`` was compiled from; every one when the file records none it can be checked by."""
+    info = getattr(compiled, "source_info", None)
+    sources = info().inlined_sources if info is not None else None
+    if not sources:
+        return ["<no source record>"]
+    stale = []
+    for code in sources:
+        try:
+            lines = inspect.getsourcelines(importlib.import_module(code.module))[0][code.firstlineno - 1 : code.lastlineno - 1]
+        except (ImportError, OSError, TypeError):
+            lines = None
+        if lines is None or hashlib.sha256("".join(lines).encode()).hexdigest() != code.checksum:
+            stale.append(f"{code.module}:{code.firstlineno}-{code.lastlineno}")
+    return sorted(stale)
+
+
 class PrecompiledStep:
     """The bound method ``fn`` (a fused step), compiled per combination of its constant
     arguments: loaded from ``where`` when saved there, else aot-compiled and saved; where
@@ -85,6 +110,7 @@ class PrecompiledStep:
         self.loaded: list[str] = []
         self.saved: list[str] = []
         self.fell_back: list[str] = []
+        self.stale: list[str] = []  # files compiled from source since edited
 
     def __call__(self, *args: Any) -> Any:
         constants = tuple(a for a in args if not isinstance(a, (torch.Tensor, Mapping)))
@@ -113,12 +139,17 @@ class PrecompiledStep:
         if file.is_file():
             try:
                 compiled = load(file)
+                stale = stale_sources(compiled)
             except Exception as exc:  # noqa: BLE001  a corrupt or foreign file must not stop training
                 warnings.warn(f"precompiled step {file} could not be loaded ({type(exc).__name__}: {exc}); compiling and rewriting it",
                               stacklevel=4)
             else:
-                self.loaded.append(name)
-                return functools.partial(compiled, self.fn.__self__)
+                if not stale:
+                    self.loaded.append(name)
+                    return functools.partial(compiled, self.fn.__self__)
+                warnings.warn(f"precompiled step {file} was compiled from other source ({', '.join(stale[:3])}); compiling and rewriting it",
+                              stacklevel=4)
+                self.stale.append(name)
         try:
             with torch._functorch.config.patch(**self._settings):
                 compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, **self._compile_kwargs).aot_compile((args, {}))

@@ -93,6 +93,35 @@ def test_a_call_the_loaded_guards_refuse_falls_back_to_torch_compile_and_a_corru
         precompiled.PrecompiledStep(Owner.step, "critic", tmp_path, lambda: None, {})
 
 
+def test_a_file_compiled_before_the_steps_source_changed_is_compiled_again(tmp_path, monkeypatch):
+    """Guards do not look at source: the file's record of the traced lines does. A step whose
+    code was edited after its file was saved must not run the old code."""
+    import importlib
+
+    body = """import torch\nclass Owner:\n    def __init__(self):\n        self.w = torch.ones(4, 4)\n    def step(self, batch, noise, polyak):\n        return (batch["x"] @ self.w + noise) * {}\n"""
+    (tmp_path / "edited_owner.py").write_text(body.format(2))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_owner")
+    batch, noise, where = {"x": torch.ones(2, 4)}, torch.zeros(2, 4), tmp_path / "steps"
+
+    def run():
+        owner = module.Owner()
+        step = precompiled.PrecompiledStep(owner.step, "critic", where, lambda: torch.compile(owner.step), {"backend": "inductor"})
+        with torch.no_grad():
+            return step(batch, noise, True)[0, 0].item(), step
+
+    assert run()[0] == 8.0
+    torch._dynamo.reset()
+    (tmp_path / "edited_owner.py").write_text(body.format(3))
+    module = importlib.reload(module)
+    with pytest.warns(UserWarning, match="compiled from other source"):
+        value, step = run()
+    assert value == 12.0 and step.stale == ["critic-True"] and step.saved == ["critic-True"]
+    torch._dynamo.reset()
+    value, step = run()
+    assert value == 12.0 and step.loaded == ["critic-True"]  # the rewritten file matches the source
+
+
 def make(**overrides):
     torch.manual_seed(0)
     return FlashSACLearner(FlashSACConfig(**{**TINY, **overrides}), device="cpu", **DIMS)
@@ -112,14 +141,14 @@ def test_the_learner_saves_its_fused_steps_and_the_next_one_loads_them_bit_ident
     first = make(precompiled_steps=True)
     assert first.load_compile_cache() is None  # nothing saved yet: a compile-ahead child is of use
     state = train(first)
-    assert first.fused_update and first.engine.precompiled_report() == {"loaded": [], "saved": ["actor", "critic-True"], "fell_back": []}
+    assert first.fused_update and first.engine.precompiled_report() == {"loaded": [], "saved": ["actor", "critic-True"], "fell_back": [], "stale": []}
     where = first.engine.precompiled_folder(first.cfg.batch_size)
     assert where.parent == cache_dir and sorted(p.name for p in where.iterdir()) == ["actor.bin", "critic-True.bin"]
     torch._dynamo.reset()
     second = make(precompiled_steps=True)
     assert second.load_compile_cache() == str(where)  # every network's step there: no child needed
     again = train(second)
-    assert second.engine.precompiled_report() == {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": []}
+    assert second.engine.precompiled_report() == {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": [], "stale": []}
     assert all(torch.equal(a, b) for a, b in zip(state, again))
     eager = make(learner_mode="eager")  # the same mathematics (torch.compile's learner equals it bit for bit on
     # the CPU, results/startup/aot_precompile_cpu_2026-12-05; a second compile here would double the test)
