@@ -1,15 +1,18 @@
-"""One start-up patch, or UniLab's bytecode, on and off: launch -> learner and -> first update,
-alternating processes.
+"""One start-up patch, UniLab's bytecode, or precompiled steps on and off: launch -> learner,
+the start-up compile and -> first update, alternating processes.
 
 Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA): with
 --patch, one has that patch reverted; with --bytecode, one has no .pyc files (a wheel installed
-with --no-compile under PYTHONDONTWRITEBYTECODE=1, which every training here then runs under).
---rounds short G1 trainings each (experiments/benchmark_flashsac_training.py), off and on
-alternating; medians per side of the start-up timeline's learner_constructed_s and the first
-logged row's wall_s, and on/off.
+with --no-compile under PYTHONDONTWRITEBYTECODE=1, which every training here then runs under);
+with --precompiled, the on side runs with FLASHSAC_OPT_PRECOMPILED_STEPS=1 (both warm: one
+throw-away launch per side first, on one shared cache). --rounds short G1 trainings each
+(experiments/benchmark_flashsac_training.py, --override passed to UniLab), off and on
+alternating; medians per side of the start-up timeline's learner_constructed_s, the start-up
+compile's seconds and the first logged row's wall_s, and on/off.
 
     python experiments/bench/startup_patch_pair.py --patch 0006-startup-probe-eager --output results/startup/probe_eager_cpu.json
     python experiments/bench/startup_patch_pair.py --bytecode --output results/startup/bytecode_cpu.json
+    python experiments/bench/startup_patch_pair.py --precompiled --mode compile --output results/startup/precompiled_cpu.json
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     toggle = parser.add_mutually_exclusive_group(required=True)
     toggle.add_argument("--patch", help="the series name of the patch to toggle (e.g. 0006-startup-probe-eager)")
     toggle.add_argument("--bytecode", action="store_true", help="toggle the UniLab copy's .pyc files instead")
+    toggle.add_argument("--precompiled", action="store_true", help="toggle FLASHSAC_OPT_PRECOMPILED_STEPS instead")
+    parser.add_argument("--override", action="append", default=[], help="Hydra override for UniLab's train (repeatable)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mode", choices=("eager", "compile", "graph"), help="learner mode (default: graph on CUDA, eager on the CPU)")
     parser.add_argument("--num-envs", type=int, default=16)
@@ -69,16 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     cpu = not torch.cuda.is_available()
     mode = args.mode or ("eager" if cpu else "graph")
     copies = prepare(args.work, args.patch, cpu)
+    if args.precompiled:  # one copy, one cache: only the switch differs
+        copies["off"] = copies["on"]
+    switch = {side: {"FLASHSAC_OPT_PRECOMPILED_STEPS": "1" if side == "on" else "0"} if args.precompiled else {} for side in ("off", "on")}
     runs = []  # a throw-away first launch (round -1) fills the compile caches and the OS file cache for both sides
     for k in range(-1, args.rounds):
-        for side in ("off", "on") if k >= 0 else ("on",):
+        for side in ("off", "on") if k >= 0 or args.precompiled else ("on",):
             out = args.work / f"{side}_{k}.json"
             cmd = [sys.executable, str(TRAIN), "--unilab-root", str(copies[side]), "--learner", "flashsac_opt", "--mode", mode,
                    "--num-envs", str(args.num_envs), "--batch-size", "32", "--updates-per-step", "2", "--iterations", str(args.iterations),
                    "--learning-starts", "2", "--replay-buffer-n", "32", "--summary-last", "1", "--seed", str(2 + k),
-                   "--log-root", str(args.work / f"logs_{side}_{k}"), "--output", str(out)]
+                   "--log-root", str(args.work / f"logs_{side}_{k}"), "--output", str(out), *(f"--override={o}" for o in args.override)]
             # no process writes bytecode: the off side keeps none (as on the device machines)
-            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **switch[side]})
             if done.returncode or not out.is_file():
                 print(done.stdout[-2000:], done.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"startup_patch_pair: the {side} training of round {k} failed (rc={done.returncode})")
@@ -86,15 +94,18 @@ def main(argv: list[str] | None = None) -> int:
             timeline, rows = report.get("startup_timeline") or {}, report.get("rows_all") or []
             if k < 0:
                 continue
+            compile_at = next((p for p in ("startup_idle_compile", "prepare_for_collection") if f"{p}_end_s" in timeline), None)
             runs.append({"round": k, "patch": side, "learner_constructed_s": timeline.get("learner_constructed_s"),
+                         # the start-up compile (in the runner's wait, or at prepare_for_collection)
+                         "startup_compile_s": round(timeline[f"{compile_at}_end_s"] - timeline[f"{compile_at}_start_s"], 3) if compile_at else None,
                          "first_update_s": rows[0]["wall_s"] if rows and "wall_s" in rows[0] else None})
             print(runs[-1], flush=True)
-    sides = {side: {key: median([r[key] for r in runs if r["patch"] == side]) for key in ("learner_constructed_s", "first_update_s")}
+    sides = {side: {key: median([r[key] for r in runs if r["patch"] == side]) for key in ("learner_constructed_s", "startup_compile_s", "first_update_s")}
              for side in ("off", "on")}
     ratio = {key: (sides["on"][key] / sides["off"][key] if sides["on"][key] and sides["off"][key] else None) for key in sides["on"]}
-    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else "patch", "what": __doc__.split("\n\n")[0],
-                  "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds,
-                                    "device": "cpu" if cpu else "cuda", "order": "one throw-away launch, then off, on alternating"},
+    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else "precompiled" if args.precompiled else "patch", "what": __doc__.split("\n\n")[0],
+                  "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds, "overrides": args.override,
+                                    "device": "cpu" if cpu else "cuda", "order": ("one throw-away launch per side" if args.precompiled else "one throw-away launch") + ", then off, on alternating"},
                   "environment": run_environment("cpu" if cpu else "cuda"), "runs": runs, "median": sides, "on_over_off": ratio},
                  args.output)
     print(json.dumps({"median": sides, "on_over_off": ratio}))
