@@ -156,12 +156,13 @@ class PrecompiledStep:
         except Exception as exc:  # noqa: BLE001  e.g. a backend whose output cannot be saved
             self._fall_back(constants, f"aot_compile failed ({type(exc).__name__}: {str(exc)[:200]})")
             return self._by_constants[constants]
+        tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")  # readers never see half a file
         try:
             self.where.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")  # readers never see half a file
             compiled.save_compiled_function(str(tmp))
             os.replace(tmp, file)
         except Exception as exc:  # noqa: BLE001  not saved: this process runs it all the same
+            tmp.unlink(missing_ok=True)
             warnings.warn(f"precompiled step {file} could not be saved ({type(exc).__name__}: {exc})", stacklevel=4)
         else:
             self.saved.append(name)

@@ -212,7 +212,8 @@ class UniLabFlashSACLearner:
         the load took goes into the start-up timeline: it delays the collector's start."""
         start = time.perf_counter()
         file = self.learner.load_compile_cache()
-        startup_event("compile_cache_checked", loaded=file is not None, seconds=round(time.perf_counter() - start, 3))
+        startup_event("compile_cache_checked", loaded=file is not None, seconds=round(time.perf_counter() - start, 3),
+                      precompiled_steps_ready=file is not None and not self.learner.engine.compile_cache_loaded)
         return file
 
     @contextlib.contextmanager
