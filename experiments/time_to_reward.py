@@ -105,6 +105,15 @@ def first_compiled_update(timeline: dict, first_update_s: float | None) -> float
     return first_update_s
 
 
+def precompiled_steps(timeline: dict) -> dict | None:
+    """What the run's compile did with precompiled steps (loaded, saved, compiled otherwise): the
+    switch's, else the compile in the runner's wait, else prepare_for_collection's; None without."""
+    for event in ("background_compile_switched", "startup_idle_compile_end", "prepare_for_collection_end"):
+        if (timeline.get(event) or {}).get("precompiled_steps") is not None:
+            return timeline[event]["precompiled_steps"]
+    return None
+
+
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
@@ -121,6 +130,8 @@ def summarize_file(path: Path, last: int) -> dict:
         # a cold patched start trains uncompiled until its compile-ahead child is done: its first
         # update flatters it; this is when compiled training began (stock compiles in its first update)
         "first_compiled_update_s": first_compiled_update(report.get("startup_timeline") or {}, base["first_learner_iteration_s"]),
+        # runs with precompiled steps only (the committed summaries predate them)
+        **({"precompiled_steps": steps} if (steps := precompiled_steps(report.get("startup_timeline") or {})) else {}),
         # launch -> first update by phase, from the patched learner's milestones (None for stock)
         "startup_phases_s": startup_phases(report["startup_timeline"]) if report.get("startup_timeline") else None,
         "rows_with_wall_s": len(rows),

@@ -382,6 +382,14 @@ def test_first_compiled_update_is_the_switch_after_a_child_and_none_when_it_neve
     assert ttr.first_compiled_update(warm, 21.9) == 21.9 and ttr.first_compiled_update({}, 51.5) == 51.5  # warm; stock
 
 
+def test_a_runs_precompiled_steps_come_from_its_last_compile_event():
+    loaded = {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": [], "stale": []}
+    assert ttr.precompiled_steps({"startup_idle_compile_end": {"precompiled_steps": loaded}}) == loaded  # warm, in the runner's wait
+    switch = {"startup_idle_compile_end": {"precompiled_steps": None}, "background_compile_switched": {"precompiled_steps": loaded}}
+    assert ttr.precompiled_steps(switch) == loaded  # cold: the switch after the children
+    assert ttr.precompiled_steps({"startup_idle_compile_end": {}}) is None and ttr.precompiled_steps({}) is None  # off; stock
+
+
 def _stand_in_trainings(out: Path, calls: list):
     """trainings.py stood in for by copies of one committed training JSON, one per run it is given,
     each recording whether its compile cache held anything at launch and leaving a file there."""
