@@ -256,8 +256,9 @@ def _environ(pid: int) -> bytes:
 
 def test_a_rank_that_dies_takes_the_run_down_promptly_and_leaves_no_process(site, tmp_path):
     """Rank 1 killed (SIGKILL) while training: rank 0, blocked in or heading for the next all-reduce
-    in UniLab's gloo group, fails at once ("connection closed by peer"), UniLab's launcher names the
-    dead rank, and nothing of the run is left running. No hang, no interpreter abort at shutdown."""
+    in UniLab's gloo group, fails at once ("connection closed by peer"), the run stops (UniLab's
+    launcher names the dead rank when it saw it first), and nothing of the run is left
+    running. No hang, no interpreter abort at shutdown."""
     import signal
     import time
 
@@ -286,7 +287,11 @@ def test_a_rank_that_dies_takes_the_run_down_promptly_and_leaves_no_process(site
                 os.killpg(proc.pid, signal.SIGKILL)
     out = log.read_text()
     assert took < 60, out[-4000:]
-    assert "rank 1 exit code -9" in out and "Fatal Python error" not in out, out[-4000:]
+    # UniLab's launcher names the dead rank when its watchdog polled it before rank 0's all-reduce
+    # failed; otherwise rank 0's gloo error is what surfaces first (one CI run of b6b636c: "Read
+    # error ...: Connection reset by peer", no launcher line). Either way the run is down at once.
+    peer_gone = ("Connection reset by peer" in out or "Connection closed by peer" in out) and "gloo" in out
+    assert ("rank 1 exit code -9" in out or peer_gone) and "Fatal Python error" not in out, out[-4000:]
     time.sleep(2)  # the launcher's teardown has returned; its process groups are gone
     left = [p for p in os.listdir("/proc") if p.isdigit() and str(logs).encode() in _environ(int(p))]
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left]
