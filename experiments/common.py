@@ -120,12 +120,12 @@ def bytecode_cached(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> dict[str, 
 
     shares: dict[str, float | None] = {}
     for name in packages:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
+        folder = package_dir(name)
+        if folder is None:
             shares[name] = None
             continue
         total = cached = 0
-        for root, _, files in os.walk(next(iter(spec.submodule_search_locations))):
+        for root, _, files in os.walk(folder):
             for file in files:
                 if file.endswith(".py"):
                     source = os.path.join(root, file)
@@ -134,6 +134,14 @@ def bytecode_cached(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> dict[str, 
                     cached += os.path.exists(pyc) and os.path.getmtime(pyc) >= os.path.getmtime(source)
         shares[name] = round(cached / total, 3) if total else None
     return shares
+
+
+def package_dir(name: str) -> Path | None:
+    """The folder of the installed package ``name`` (None: not installed, or a single module)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    return Path(next(iter(spec.submodule_search_locations))) if spec is not None and spec.submodule_search_locations else None
 
 
 def compile_bytecode(*paths: Path) -> float:

@@ -337,11 +337,16 @@ class Engine:
                 return str(where)
         return None
 
+    def _fused_at(self, rows: int) -> bool:
+        """Whether the updates take the fused form at ``rows`` per update (``fused_update``, else
+        up to FUSED_UPDATE_MAX_BATCH rows; never where it cannot be fused)."""
+        fused = rows <= FUSED_UPDATE_MAX_BATCH if self._fused_option is None else bool(self._fused_option)
+        return fused and self._fusable
+
     def _precompiles(self, rows: int) -> bool:
         """Whether fused steps for ``rows`` per update are precompiled: asked, no Inductor CUDA
         graphs (cudagraph trees around a loaded function are untried), fused at these rows."""
-        fused = rows <= FUSED_UPDATE_MAX_BATCH if self._fused_option is None else bool(self._fused_option)
-        return self._precompiled and fused and self._fusable and not self._inductor_options(rows).get("triton.cudagraphs")
+        return self._precompiled and self._fused_at(rows) and not self._inductor_options(rows).get("triton.cudagraphs")
 
     def precompiled_folder(self, rows: int) -> Path:
         """The precompiled steps' folder: keyed as the compile-cache file, less the schedule."""
@@ -381,11 +386,7 @@ class Engine:
                 return self._updates
             if self._cache_option == compile_cache.AUTO and self.compile_cache_file is None:
                 self._open_compile_cache(str(compile_cache.default_file(self.compile_cache_key(rows, schedule))))
-            if self._fused_option is None:
-                fused = rows <= FUSED_UPDATE_MAX_BATCH
-            else:
-                fused = bool(self._fused_option)
-            self.fused_update = fused and self._fusable
+            self.fused_update = self._fused_at(rows)
             self._updates = {name: self._build(net, self._compiles(name), name) for name, net in self._networks.items()}
         return self._updates
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
-from common import BYTECODE_PACKAGES, bytecode_cached, compile_bytecode, sigint_default_in_child  # noqa: E402
+from common import BYTECODE_PACKAGES, bytecode_cached, compile_bytecode, package_dir, sigint_default_in_child  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = Path(__file__).with_name("runs.toml")
@@ -180,14 +180,12 @@ def write_missing_bytecode(threshold: float = 0.9) -> dict:
     flashsac_opt, ...) where fewer than ``threshold`` of their modules have bytecode: the machine
     sets PYTHONDONTWRITEBYTECODE=1, so nothing would ever write it, and each training process
     would compile them from source at launch. -> what it found and did, for the call's record."""
-    import importlib.util
-
     found = bytecode_cached()
     done = {}
     for name, share in found.items():
-        spec = importlib.util.find_spec(name) if share is not None and share < threshold else None
-        if spec is not None and os.access(next(iter(spec.submodule_search_locations)), os.W_OK):
-            done[name] = round(compile_bytecode(Path(next(iter(spec.submodule_search_locations)))), 1)
+        folder = package_dir(name) if share is not None and share < threshold else None
+        if folder is not None and os.access(folder, os.W_OK):
+            done[name] = round(compile_bytecode(folder), 1)
     if done:
         print(f"run.py: bytecode written for {done} (seconds; shares before: {found})", flush=True)
     return {"before": found, "compiled_s": done, "packages": list(BYTECODE_PACKAGES)}

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from flashsac_opt import compile_cache
-from flashsac_opt.compile_ahead import CompileAhead, compile_time_totals, parallel_compile
+from flashsac_opt.compile_ahead import OFF_VALUES, ON_VALUES, CompileAhead, compile_time_totals, parallel_compile
 from flashsac_opt.compile_ahead import mode as compile_ahead_mode
 from flashsac_opt.config import UNILAB_RUN_DEFAULTS, FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
@@ -74,9 +74,9 @@ def unilab_precompiled_steps(value: Any) -> bool:
     if value is None:
         value = os.environ.get(PRECOMPILED_STEPS_ENV, "0")
     text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
+    if text in ON_VALUES:  # the compile-ahead switches' spellings
         return True
-    if text in ("0", "false", "no", "off", ""):
+    if text in OFF_VALUES:
         return False
     raise ValueError(f"precompiled_steps / {PRECOMPILED_STEPS_ENV}={value!r}: expected 1/on or 0/off")
 
