@@ -34,6 +34,7 @@ the compile-cache file: only use a directory you trust. Off by default
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -67,9 +68,18 @@ def ready(where: Path, networks: Iterable[str]) -> bool:
     return all((where / f"{name}{SUFFIX}").is_file() or any(where.glob(f"{name}-*{SUFFIX}")) for name in networks)
 
 
+def aot_enabled():
+    """Dynamo's AOT-compile switch, on: torch 2.13 has it on by default, torch 2.11 off, and
+    there ``torch.compile(fn)`` has no ``aot_compile`` at all (every step fell back to
+    torch.compile on the H100 under torch 2.11 until this was set)."""
+    if not hasattr(torch._dynamo.config, "enable_aot_compile"):
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(enable_aot_compile=True)
+
+
 def load(file: Path) -> Callable:
     """The compiled function saved in ``file`` (its first argument is the step's owner)."""
-    with open(file, "rb") as fh, torch._guards.tracing(torch._guards.TracingContext(None)):
+    with open(file, "rb") as fh, aot_enabled(), torch._guards.tracing(torch._guards.TracingContext(None)):
         return torch.compiler.load_compiled_function(fh)
 
 
@@ -151,7 +161,7 @@ class PrecompiledStep:
                               stacklevel=4)
                 self.stale.append(name)
         try:
-            with torch._functorch.config.patch(**self._settings):
+            with aot_enabled(), torch._functorch.config.patch(**self._settings):
                 compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, **self._compile_kwargs).aot_compile((args, {}))
         except Exception as exc:  # noqa: BLE001  e.g. a backend whose output cannot be saved
             self._fall_back(constants, f"aot_compile failed ({type(exc).__name__}: {str(exc)[:200]})")
@@ -159,7 +169,8 @@ class PrecompiledStep:
         tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")  # readers never see half a file
         try:
             self.where.mkdir(parents=True, exist_ok=True)
-            compiled.save_compiled_function(str(tmp))
+            with aot_enabled():
+                compiled.save_compiled_function(str(tmp))
             os.replace(tmp, file)
         except Exception as exc:  # noqa: BLE001  not saved: this process runs it all the same
             tmp.unlink(missing_ok=True)

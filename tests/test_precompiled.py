@@ -65,6 +65,29 @@ def test_a_step_is_saved_per_constant_and_loaded_by_the_next_owner(tmp_path):
     assert precompiled.ready(tmp_path, ["critic"]) and not precompiled.ready(tmp_path, ["critic", "actor"])
 
 
+def test_steps_are_saved_and_loaded_where_dynamos_aot_switch_is_off_by_default(tmp_path):
+    """torch 2.11 ships enable_aot_compile off, and its torch.compile(fn) then has no
+    aot_compile: every step fell back to torch.compile on the GPU machine. Off here too, the
+    step must still be saved and loaded, and leave the switch as it found it."""
+    if not hasattr(torch._dynamo.config, "enable_aot_compile"):
+        pytest.skip("this torch has no AOT-compile switch")
+    batch, noise = {"x": torch.randn(3, 4)}, torch.randn(3, 4)
+    with torch._dynamo.config.patch(enable_aot_compile=False):
+        assert not hasattr(torch.compile(Owner().step), "aot_compile")  # what torch 2.11 gives by default
+        step, _ = toy(tmp_path)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback warns
+            step(batch, noise, True)
+        torch._dynamo.reset()
+        again, owner = toy(tmp_path)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = again(batch, noise, True)
+        assert torch._dynamo.config.enable_aot_compile is False
+    assert (step.saved, step.fell_back, again.loaded, again.fell_back) == (["critic-True"], [], ["critic-True"], [])
+    assert close(out, (batch["x"] @ owner.w + noise).sin())
+
+
 def test_a_call_the_loaded_guards_refuse_falls_back_to_torch_compile_and_a_corrupt_file_is_rewritten(tmp_path):
     batch, noise = {"x": torch.randn(3, 4)}, torch.randn(3, 4)
     step, _ = toy(tmp_path)

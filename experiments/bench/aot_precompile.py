@@ -39,6 +39,7 @@ def child(stage: str, size: str, backend: str, mode: str, device: str, folder: P
     start = time.perf_counter()
     import torch
 
+    from flashsac_opt import precompiled
     from flashsac_opt.compile_ahead import compile_time_totals
     from flashsac_opt.config import FlashSACConfig
     from flashsac_opt.learner import FlashSACLearner
@@ -81,17 +82,15 @@ def child(stage: str, size: str, backend: str, mode: str, device: str, folder: P
         for name in ("critic", "actor"):
             step = getattr(fns, f"_{name}_step")
             example = (slices[0], noise[0][0], True) if name == "critic" else (slices[0], noise[0][1])
-            aot = timed(f"aot_compile_{name}", lambda: calls(torch.compile(step, fullgraph=True, dynamic=False, backend=backend,
-                                                                          options=options).aot_compile)((example, {})))
-            aot.save_compiled_function(str(folder / f"{name}.aot"))
+            with precompiled.aot_enabled():  # off by default on torch 2.11
+                aot = timed(f"aot_compile_{name}", lambda: calls(torch.compile(step, fullgraph=True, dynamic=False, backend=backend,
+                                                                              options=options).aot_compile)((example, {})))
+                aot.save_compiled_function(str(folder / f"{name}.aot"))
             record[f"{name}_file_bytes"] = (folder / f"{name}.aot").stat().st_size
             compiled[name] = calls(lambda *a, f=aot: f(fns, *a))  # traced unbound: self is the first argument
     else:
-        def load(name):
-            with open(folder / f"{name}.aot", "rb") as fh, torch._guards.tracing(torch._guards.TracingContext(None)):
-                return torch.compiler.load_compiled_function(fh)
         for name in ("critic", "actor"):
-            loaded = timed(f"load_{name}", lambda: load(name))
+            loaded = timed(f"load_{name}", lambda: precompiled.load(folder / f"{name}.aot"))
             compiled[name] = calls(lambda *a, f=loaded: f(fns, *a))
     outs = {}
     for u, b in enumerate(slices):
