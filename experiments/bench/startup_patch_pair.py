@@ -100,16 +100,28 @@ def main(argv: list[str] | None = None) -> int:
                          "startup_compile_s": round(timeline[f"{compile_at}_end_s"] - timeline[f"{compile_at}_start_s"], 3) if compile_at else None,
                          "first_update_s": rows[0]["wall_s"] if rows and "wall_s" in rows[0] else None})
             print(runs[-1], flush=True)
-    sides = {side: {key: median([r[key] for r in runs if r["patch"] == side]) for key in ("learner_constructed_s", "startup_compile_s", "first_update_s")}
-             for side in ("off", "on")}
+            # after every launch: a call stopped at its limit still returns the rounds it finished
+            sides, ratio = summarize(runs)
+            write(args, mode, cpu, runs, sides, ratio, complete=k == args.rounds - 1 and side == "on")
+    print(json.dumps({"median": sides, "on_over_off": ratio}))
+    return 0
+
+
+def summarize(runs: list[dict]) -> tuple[dict, dict]:
+    sides = {side: {key: median([r[key] for r in runs if r["patch"] == side])
+                    for key in ("learner_constructed_s", "startup_compile_s", "first_update_s")} for side in ("off", "on")}
     ratio = {key: (sides["on"][key] / sides["off"][key] if sides["on"][key] and sides["off"][key] else None) for key in sides["on"]}
+    return sides, ratio
+
+
+def write(args: argparse.Namespace, mode: str, cpu: bool, runs: list[dict], sides: dict, ratio: dict, complete: bool) -> None:
     write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else "precompiled" if args.precompiled else "patch", "what": __doc__.split("\n\n")[0],
                   "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds, "overrides": args.override,
                                     "device": "cpu" if cpu else "cuda", "order": ("one throw-away launch per side" if args.precompiled else "one throw-away launch") + ", then off, on alternating"},
-                  "environment": run_environment("cpu" if cpu else "cuda"), "runs": runs, "median": sides, "on_over_off": ratio},
+                  "environment": run_environment("cpu" if cpu else "cuda"), "runs": runs, "complete": complete,
+                  "rounds_completed": sum(r["patch"] == "on" for r in runs),  # "on" runs second in each round
+                  "median": sides, "on_over_off": ratio},
                  args.output)
-    print(json.dumps({"median": sides, "on_over_off": ratio}))
-    return 0
 
 
 if __name__ == "__main__":
