@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                          "first_update_s": rows[0]["wall_s"] if rows and "wall_s" in rows[0] else None})
             print(runs[-1], flush=True)
             # after every launch: a call stopped at its limit still returns the rounds it finished
-            sides, ratio = summarize(runs)
-            write(args, mode, cpu, runs, sides, ratio, complete=k == args.rounds - 1 and side == "on")
+            write(args, mode, cpu, runs, complete=k == args.rounds - 1 and side == "on")
+    sides, ratio = summarize(runs)
     print(json.dumps({"median": sides, "on_over_off": ratio}))
     return 0
 
@@ -114,7 +114,8 @@ def summarize(runs: list[dict]) -> tuple[dict, dict]:
     return sides, ratio
 
 
-def write(args: argparse.Namespace, mode: str, cpu: bool, runs: list[dict], sides: dict, ratio: dict, complete: bool) -> None:
+def write(args: argparse.Namespace, mode: str, cpu: bool, runs: list[dict], complete: bool) -> None:
+    sides, ratio = summarize(runs)
     write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else "precompiled" if args.precompiled else "patch", "what": __doc__.split("\n\n")[0],
                   "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds, "overrides": args.override,
                                     "device": "cpu" if cpu else "cuda", "order": ("one throw-away launch per side" if args.precompiled else "one throw-away launch") + ", then off, on alternating"},
