@@ -194,8 +194,9 @@ compiled code: train with the same overrides (patch 0001 hands `train`'s learner
 learner_mode, fused_update and compile_cache_file of flashsac_opt's engine options
 only: another one set here gives a file `train` will not find). Exit status 1 when
 torch left no artifacts to write (e.g. compile_backend=aot_eager), 2 when refused.
-With FLASHSAC_OPT_PRECOMPILED_STEPS=1, as under `train`, the fused steps are also
-saved whole beside the file (flashsac_opt/precompiled.py).
+On CUDA, as under `train`, the fused steps are also saved whole beside the file
+(flashsac_opt/precompiled.py; FLASHSAC_OPT_PRECOMPILED_STEPS=0 leaves them out, =1
+adds them on the CPU).
 """
 
 
@@ -230,7 +231,7 @@ def precompile(args: argparse.Namespace) -> int:
         cfg = FlashSACConfig.from_unilab(composed, defaults=UNILAB_RUN_DEFAULTS)
         # as the adapter resolves them: what a UniLab run of this configuration then loads
         cfg = cfg.replace(compile_cache_file=unilab_compile_cache_file(cfg.compile_cache_file),
-                          precompiled_steps=unilab_precompiled_steps(cfg.precompiled_steps))
+                          precompiled_steps=unilab_precompiled_steps(cfg.precompiled_steps, device))
         if cfg.compile_cache_file is None:
             raise ValueError("algo.algo_params.compile_cache_file is off: there is no file to write")
         learner = FlashSACLearner(cfg, args.obs_dim, args.critic_obs_dim, args.action_dim, device=device)

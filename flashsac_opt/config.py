@@ -94,7 +94,8 @@ class EngineOptions:
     # processes (precompiled.py: Dynamo's AOT precompile, next to the compile-cache file):
     # no tracing at a warm start, and the compile-ahead children hand them to the training
     # process. Inductor without its CUDA graphs only (graph mode; compile mode on the CPU).
-    # Off until measured on the GPU; FLASHSAC_OPT_PRECOMPILED_STEPS=1 turns it on under UniLab.
+    # Off for the library; under UniLab on for a learner on CUDA unless FLASHSAC_OPT_PRECOMPILED_STEPS=0
+    # (results/time_to_reward/protocol_u64_mps_precompiled_h100_2026-12-06: both steps loaded in every seed).
     precompiled_steps: bool = False
     # One compile boundary per network update: forward, backward (torch.func), finite
     # guard, Adam, renormalization and commits in one graph. False: loss and step compiled

@@ -28,8 +28,8 @@ What that costs, and how ``PrecompiledStep`` pays it:
 Files: ``<compile_cache.default_dir()>/<key>.steps/<network>[-<constant>...].bin``, ``key`` the
 engine's compile-cache key without the schedule (a step's code does not depend on it, and the
 children and the training process must name the same files). They hold generated code, like
-the compile-cache file: only use a directory you trust. Off by default
-(``FlashSACConfig.precompiled_steps``) until measured on the GPU.
+the compile-cache file: only use a directory you trust. ``FlashSACConfig.precompiled_steps`` is off for
+the library; UniLab runs on CUDA turn it on (unilab/adapter.py ``unilab_precompiled_steps``).
 """
 
 from __future__ import annotations

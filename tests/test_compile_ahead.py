@@ -507,7 +507,7 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
     if children == "split_precompiled":
         # each child saved its network's fused step (aot_compile keeps no FX graph in the cache);
         # this process loaded both: nothing traced or compiled here
-        assert report["ok"] and report["precompiled_steps"] == {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": []}, report
+        assert report["ok"] and report["precompiled_steps"] == {"loaded": ["actor", "critic-True"], "saved": [], "fell_back": [], "stale": []}, report
         assert sorted(Path(f).name for f in report["keyed_dir_files"]) == ["actor.bin", "critic-True.bin"], report
         return
     assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report

@@ -199,13 +199,17 @@ def test_another_process_with_the_same_configuration_names_the_same_folder(cache
     assert learner.engine.precompiled_folder(16) != learner.engine.precompiled_folder(8)
 
 
-def test_unilab_runs_keep_precompiled_steps_only_when_asked(monkeypatch):
+def test_unilab_runs_keep_precompiled_steps_on_cuda_unless_told_otherwise(monkeypatch):
     from flashsac_opt.unilab.adapter import PRECOMPILED_STEPS_ENV, unilab_precompiled_steps
 
     monkeypatch.delenv(PRECOMPILED_STEPS_ENV, raising=False)
-    assert unilab_precompiled_steps(None) is False and unilab_precompiled_steps(True) is True
+    # unset: on where the protocol measured them (CUDA), off on the CPU
+    assert unilab_precompiled_steps(None, "cuda") is True and unilab_precompiled_steps(None, "cuda:1") is True
+    assert unilab_precompiled_steps(None, "cpu") is False and unilab_precompiled_steps(True, "cpu") is True
+    monkeypatch.setenv(PRECOMPILED_STEPS_ENV, "0")
+    assert unilab_precompiled_steps(None, "cuda") is False and unilab_precompiled_steps("on", "cuda") is True  # the config wins
     monkeypatch.setenv(PRECOMPILED_STEPS_ENV, "1")
-    assert unilab_precompiled_steps(None) is True and unilab_precompiled_steps("off") is False  # the config wins
+    assert unilab_precompiled_steps(None, "cpu") is True and unilab_precompiled_steps("off", "cpu") is False
     monkeypatch.setenv(PRECOMPILED_STEPS_ENV, "maybe")
     with pytest.raises(ValueError, match=PRECOMPILED_STEPS_ENV):
-        unilab_precompiled_steps(None)
+        unilab_precompiled_steps(None, "cuda")

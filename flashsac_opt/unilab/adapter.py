@@ -66,13 +66,18 @@ def unilab_compile_cache_file(value: Any) -> str | None:
 PRECOMPILED_STEPS_ENV = "FLASHSAC_OPT_PRECOMPILED_STEPS"
 
 
-def unilab_precompiled_steps(value: Any) -> bool:
+def unilab_precompiled_steps(value: Any, device: str | torch.device) -> bool:
     """Whether a UniLab run keeps its fused steps precompiled (precompiled.py): the config's
-    algo_params.precompiled_steps where it sets one, else FLASHSAC_OPT_PRECOMPILED_STEPS (1/0;
-    off when unset). Inherited by the compile-ahead children, which write the files the training
-    process then loads."""
+    algo_params.precompiled_steps where it sets one, else FLASHSAC_OPT_PRECOMPILED_STEPS (1/0);
+    unset, on for a learner on CUDA and off elsewhere. On CUDA it is what the cold-first protocol
+    measured (results/time_to_reward/protocol_u64_mps_precompiled_h100_2026-12-06: every seed
+    loaded both steps); on the CPU the aot_compile and save cost more than the torch.compile they
+    replace on a cold cache and nobody trains there. Inherited by the compile-ahead children,
+    which write the files the training process then loads."""
     if value is None:
-        value = os.environ.get(PRECOMPILED_STEPS_ENV, "0")
+        value = os.environ.get(PRECOMPILED_STEPS_ENV)
+    if value is None:
+        return torch.device(device).type == "cuda"
     text = str(value).strip().lower()
     if text in ON_VALUES:  # the compile-ahead switches' spellings
         return True
@@ -175,7 +180,7 @@ class UniLabFlashSACLearner:
         if values.get("amp_dtype") is not None:
             values["amp_dtype"] = str(values["amp_dtype"])
         values["compile_cache_file"] = unilab_compile_cache_file(values.get("compile_cache_file"))
-        values["precompiled_steps"] = unilab_precompiled_steps(values.get("precompiled_steps"))
+        values["precompiled_steps"] = unilab_precompiled_steps(values.get("precompiled_steps"), device)
         self.cfg = FlashSACConfig(**{**UNILAB_RUN_DEFAULTS, **values})
         self.learner = FlashSACLearner(self.cfg, obs_dim, critic_obs_dim, action_dim, device=device)
         # A compiled learner on CUDA compiles in a child process from here on, while UniLab starts
