@@ -41,6 +41,7 @@ would change ``matmul.fp32_precision``, part of Inductor's FX-graph cache key, a
 would reuse none of the child's graphs (as in that earlier run).
 
     python -m flashsac_opt.compile_ahead SPEC.json    # the child (CompileAhead starts it)
+    python -m flashsac_opt.compile_ahead --wait SPEC.json PARENT_PID    # prespawned (Prespawned)
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ SPLIT_SHARES = (("critic",), ("actor",))
 OFF_VALUES = ("", "0", "false", "no", "off")  # what both switches read as off, and as on
 ON_VALUES = ("1", "true", "yes", "on")
 STOP_GRACE_S = 5.0
+PRESPAWN_ENV = "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN"  # "1": the children start at launch (prespawn())
+PRESPAWN_WAIT_S = 900.0  # a prespawned child given no spec in this time exits by itself
 DIMS = ("obs_dim", "critic_obs_dim", "action_dim")
 
 
@@ -122,12 +125,18 @@ def split_shares() -> tuple[tuple[str, ...], ...] | None:
     (SPLIT_SHARES); "0" (0/false/no/off/empty): one child for the whole learner, which also
     writes the compile-cache file (split, the training process writes it after its switch).
     Anything else is refused."""
-    value = os.environ.get(SPLIT_ENV, "1").strip().lower()
-    if value in OFF_VALUES:
-        return None
+    return SPLIT_SHARES if on_off_switch(SPLIT_ENV, "1") else None
+
+
+def on_off_switch(name: str, default: str) -> bool:
+    """The environment variable ``name`` (``default`` when unset) as on (ON_VALUES) or off
+    (OFF_VALUES); anything else is refused."""
+    value = os.environ.get(name, default).strip().lower()
     if value in ON_VALUES:
-        return SPLIT_SHARES
-    raise ValueError(f"{SPLIT_ENV}={value!r}: expected 0/off or 1/on")
+        return True
+    if value in OFF_VALUES:
+        return False
+    raise ValueError(f"{name}={value!r}: expected 0/off or 1/on")
 
 
 def enabled() -> bool:
@@ -272,11 +281,13 @@ class CompileAhead:
     def __init__(self, cfg: Any, dims: Mapping[str, int], device: str | torch.device,
                  shares: Sequence[Sequence[str]] | None = None):
         self.device = torch.device(device)
-        self.folder = Path(tempfile.mkdtemp(prefix="flashsac_opt_compile_ahead_"))
         self.shares: list[list[str] | None] = [list(share) for share in shares] if shares else [None]
+        ready = _take_prespawned(len(self.shares))
+        self.prespawned = ready is not None
+        self.folder = ready.folder if ready else Path(tempfile.mkdtemp(prefix="flashsac_opt_compile_ahead_"))
         self.logs = [self.folder / f"child_{i}.log" for i in range(len(self.shares))]
         self.report_files = [self.folder / f"report_{i}.json" for i in range(len(self.shares))]
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[subprocess.Popen] = ready.processes if ready else []
         for i, (share, log_file, report_file) in enumerate(zip(self.shares, self.logs, self.report_files)):
             spec = {
                 "config": dataclasses.asdict(cfg),
@@ -289,6 +300,12 @@ class CompileAhead:
                 "parent": os.getpid(),
             }
             spec_file = self.folder / f"spec_{i}.json"
+            if ready:  # the child waits for this file: written whole, then renamed into place
+                spec["environ"] = dict(os.environ)  # this process's, as a child started now would have it
+                tmp = spec_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(spec))
+                os.replace(tmp, spec_file)
+                continue
             spec_file.write_text(json.dumps(spec))
             with open(log_file, "wb") as log:
                 self.processes.append(subprocess.Popen(
@@ -312,10 +329,12 @@ class CompileAhead:
         first: with one, no child (``WarmCache``). FLASHSAC_OPT_COMPILE_AHEAD_SPLIT picks one
         child per network share (``split_shares``)."""
         if not compiled or torch.device(device).type != "cuda" or not torch.cuda.is_available() or not enabled():
+            release_prespawned()
             return None
         if mode() == "background" and warm_cache is not None:
             file = warm_cache()
             if file is not None:
+                release_prespawned()
                 return WarmCache(file)
         return cls(cfg, dims, device, shares=split_shares())
 
@@ -367,6 +386,96 @@ class CompileAhead:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class Prespawned:
+    """Compile-ahead children started at launch (``prespawn``), before the learner exists: each
+    imports torch, Dynamo, Inductor and the learner while UniLab starts, then waits for its spec
+    file, which ``CompileAhead`` writes once the dimensions are known. On the H200 a child started
+    at the learner's construction began compiling 10-11 s later, most of it imports
+    (results/time_to_reward/protocol_u64_mps_short_h200_2026-12-06, the cold seed's stack samples):
+    on a cold start that is on the path to the first compiled update."""
+
+    def __init__(self, count: int):
+        self.folder = Path(tempfile.mkdtemp(prefix="flashsac_opt_compile_ahead_"))
+        self.processes: list[subprocess.Popen] = []
+        for i in range(count):
+            with open(self.folder / f"child_{i}.log", "wb") as log:
+                self.processes.append(subprocess.Popen(
+                    [sys.executable, "-m", "flashsac_opt.compile_ahead", "--wait", str(self.folder / f"spec_{i}.json"), str(os.getpid())],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                ))
+        atexit.register(self.release)
+
+    def release(self) -> None:
+        """Stop the children (none was given a spec) and remove their folder."""
+        for process in self.processes:
+            _terminate(process)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_prespawned: Prespawned | None = None
+
+
+def prespawn_wanted() -> bool:
+    """FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN: "1" (1/true/yes/on) starts the children at launch,
+    "0" (the default, until measured on the GPU) at the learner's construction. Anything else is
+    refused."""
+    return on_off_switch(PRESPAWN_ENV, "0")
+
+
+def prespawn(*, cuda_required: bool = True) -> Prespawned | None:
+    """At launch (the UniLab patch's launch hook): start the compile-ahead children now when
+    asked (``prespawn_wanted``), compile ahead is on, the machine has an NVIDIA device (checked
+    by its device files: no CUDA call in the launching process) and the compile-cache folder
+    holds no compile-cache file at all (a fresh machine; a warm start needs no child, and a
+    machine that has compiled before takes the usual path). ``CompileAhead`` adopts them;
+    ``start_if_useful`` stops them when it starts none."""
+    global _prespawned
+    from flashsac_opt import compile_cache
+
+    if _prespawned is not None or not prespawn_wanted() or not enabled():
+        return _prespawned
+    if cuda_required and not any(Path("/dev").glob("nvidia[0-9]*")):
+        return None
+    folder = compile_cache.default_dir()
+    if folder.is_dir() and any(folder.glob("*.bin")):
+        return None
+    _prespawned = Prespawned(len(split_shares() or (None,)))
+    return _prespawned
+
+
+def _take_prespawned(count: int) -> Prespawned | None:
+    """The prespawned children for ``count`` shares, now owned by the caller; None when there
+    are none, or another number (those are stopped)."""
+    global _prespawned
+    ready, _prespawned = _prespawned, None
+    if ready is not None and len(ready.processes) != count:
+        ready.release()
+        return None
+    if ready is not None:
+        atexit.unregister(ready.release)  # the CompileAhead's stop() owns them now
+    return ready
+
+
+def release_prespawned() -> None:
+    """Stop prespawned children nobody will give a spec to."""
+    global _prespawned
+    ready, _prespawned = _prespawned, None
+    if ready is not None:
+        atexit.unregister(ready.release)
+        ready.release()
+
+
+def _wait_for_spec(spec_file: Path, timeout_s: float = PRESPAWN_WAIT_S) -> dict[str, Any] | None:
+    """In a prespawned child: the spec once its file appears (the parent renames it into place
+    whole), None after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not spec_file.is_file():
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.02)
+    return json.loads(spec_file.read_text())
+
+
 def _wait_child(process: subprocess.Popen, report: Path, timeout: float | None) -> int | None:
     """A child's exit status (0 once its report is written: only its teardown is left, which is
     stopped), None when it timed out (then stopped)."""
@@ -407,11 +516,23 @@ def main(argv: list[str] | None = None) -> int:
     from flashsac_opt.learner import FlashSACLearner
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m flashsac_opt.compile_ahead SPEC.json", file=sys.stderr)
+    if len(args) == 3 and args[0] == "--wait":  # prespawned: the imports above are done, the spec comes later
+        _exit_when_orphaned(int(args[2]))
+        import torch._inductor.compile_fx  # noqa: F401 - the compile's own imports, before the spec too
+
+        spec = _wait_for_spec(Path(args[1]))
+        if spec is None:
+            print(f"compile-ahead: no spec in {PRESPAWN_WAIT_S:.0f} s; exiting", file=sys.stderr)
+            return 4
+        # the parent's environment now (UniLab's thread budget, CUDA and MPS variables set after launch)
+        os.environ.clear()
+        os.environ.update(spec.pop("environ"))
+    elif len(args) == 1:
+        spec = json.loads(Path(args[0]).read_text())
+        _exit_when_orphaned(spec["parent"])
+    else:
+        print("usage: python -m flashsac_opt.compile_ahead SPEC.json | --wait SPEC.json PARENT_PID", file=sys.stderr)
         return 2
-    spec = json.loads(Path(args[0]).read_text())
-    _exit_when_orphaned(spec["parent"])
     apply_matmul_settings(spec["matmul_settings"])
     cfg, dims = FlashSACConfig(**spec["config"]), spec["dims"]
     with parallel_compile():  # the parent's TORCHINDUCTOR_COMPILE_THREADS (UniLab's budget) is inherited

@@ -462,14 +462,21 @@ else:  # small networks, one block each: Inductor's CPU compile (C++ per kernel)
     dims = (6, 7, 3)
 cfg.compile_cache_file = sys.argv[3]  # the training's keyed file: written by the child, or (split) by this process
 cfg.precompiled_steps = sys.argv[2] == "split_precompiled"  # the children save the fused steps, this process loads them
-ok, child_s = True, None
+ok, child_s, prespawned = True, None, None
+if sys.argv[2] == "prespawned":  # children started "at launch" with another Inductor cache: the spec's environment must win
+    import os
+    from flashsac_opt import compile_ahead
+    real = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    os.environ.update({"TORCHINDUCTOR_CACHE_DIR": real + "_at_launch", compile_ahead.PRESPAWN_ENV: "1", compile_ahead.ENV_SWITCH: "background"})
+    assert compile_ahead.prespawn(cuda_required=False) is not None
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = real
 if sys.argv[2] != "from_file":  # from_file: another machine's first run, with only the file
-    shares = SPLIT_SHARES if sys.argv[2].startswith("split") else None
+    shares = SPLIT_SHARES if sys.argv[2].startswith("split") or sys.argv[2] == "prespawned" else None
     ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device, shares=shares)
-    ok, child_s = ahead.wait(), ahead.report and ahead.report["seconds"]
+    ok, child_s, prespawned = ahead.wait(), ahead.report and ahead.report["seconds"], ahead.prespawned
 learner = FlashSACLearner(cfg, *dims, device=device)
 report = precompile(learner)
-print(json.dumps({"precompiled_steps": learner.engine.precompiled_report(), "ok": ok, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
+print(json.dumps({"precompiled_steps": learner.engine.precompiled_report(), "ok": ok, "prespawned": prespawned, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
                   "saved": report["compile_cache_saved"],
                   "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"],
                   "keyed_dir_files": sorted(str(p.relative_to(sys.argv[4])) for p in Path(sys.argv[4]).rglob("*.bin"))}))
@@ -477,8 +484,8 @@ print(json.dumps({"precompiled_steps": learner.engine.precompiled_report(), "ok"
 
 
 @pytest.mark.parametrize("device, children", [
-    ("cpu", "one"), ("cpu", "split"),
-    *(pytest.param("cuda", children, marks=pytest.mark.gpu) for children in ("one", "split", "split_precompiled")),
+    ("cpu", "one"), ("cpu", "split"), ("cpu", "prespawned"),
+    *(pytest.param("cuda", children, marks=pytest.mark.gpu) for children in ("one", "split", "split_precompiled", "prespawned")),
 ])
 def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, device, children):
     # A fresh Inductor cache for both processes: every FX graph the parent needs must come
@@ -511,6 +518,8 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
         assert sorted(Path(f).name for f in report["keyed_dir_files"]) == ["actor.bin", "critic-True.bin"], report
         return
     assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report
+    # prespawned: the children started before the learner existed were the ones that compiled
+    assert report["prespawned"] is (True if children == "prespawned" else False), report
     # one child writes the keyed file and this process loads it; split children write none (each
     # holds one share) and this process writes it from what it found in the caches
     assert (report["loaded"], report["saved"]) == ((True, False) if children == "one" else (False, True)), report
@@ -590,3 +599,71 @@ def test_the_switch_event_names_the_compile_cache_files_and_what_the_caches_serv
     assert all(v >= 0 for v in details["compile_phases_s"].values())
     assert switch_details(before, engine, None)["child_compile_cache_file"] is None
 
+
+
+def _prespawn_env(monkeypatch, tmp_path, value="1"):
+    from flashsac_opt import compile_ahead
+
+    monkeypatch.setenv(compile_ahead.PRESPAWN_ENV, value)
+    monkeypatch.setenv(compile_cache.ENV_DIR, str(tmp_path / "keyed"))
+    monkeypatch.delenv(compile_ahead.ENV_SWITCH, raising=False)
+
+
+def test_prespawned_children_nobody_needs_are_stopped_and_leave_nothing(monkeypatch, tmp_path):
+    from flashsac_opt import compile_ahead
+
+    _prespawn_env(monkeypatch, tmp_path)
+    ready = compile_ahead.prespawn(cuda_required=False)
+    assert ready is not None and len(ready.processes) == len(compile_ahead.SPLIT_SHARES)
+    assert compile_ahead.prespawn(cuda_required=False) is ready  # once per process
+    assert all(process.poll() is None for process in ready.processes)  # waiting for a spec
+    # a learner on the CPU gets no child: the waiting ones are stopped, their folder removed
+    assert CompileAhead.start_if_useful(None, {}, torch.device("cpu"), compiled=True) is None
+    assert all(process.poll() is not None for process in ready.processes)
+    assert not ready.folder.exists() and compile_ahead._prespawned is None
+
+
+def test_children_are_prespawned_only_when_asked_and_on_a_fresh_cache(monkeypatch, tmp_path):
+    from flashsac_opt import compile_ahead
+
+    _prespawn_env(monkeypatch, tmp_path, "0")
+    assert compile_ahead.prespawn(cuda_required=False) is None  # off by default
+    _prespawn_env(monkeypatch, tmp_path)
+    (tmp_path / "keyed").mkdir()
+    (tmp_path / "keyed" / "0123.bin").write_bytes(b"x")  # this machine has compiled before
+    assert compile_ahead.prespawn(cuda_required=False) is None
+    monkeypatch.setenv(compile_ahead.ENV_SWITCH, "off")
+    (tmp_path / "keyed" / "0123.bin").unlink()
+    assert compile_ahead.prespawn(cuda_required=False) is None  # compile ahead itself is off
+    monkeypatch.setenv(compile_ahead.PRESPAWN_ENV, "maybe")
+    monkeypatch.delenv(compile_ahead.ENV_SWITCH)
+    with pytest.raises(ValueError, match=compile_ahead.PRESPAWN_ENV):
+        compile_ahead.prespawn(cuda_required=False)
+
+
+def test_a_prespawned_child_ends_when_its_launcher_is_killed(tmp_path):
+    # the launcher dies without running atexit (SIGKILL); its waiting children must not stay
+    script = ("import os, sys, time; from flashsac_opt import compile_ahead;"
+              "ready = compile_ahead.prespawn(cuda_required=False);"
+              "print(' '.join(str(p.pid) for p in ready.processes), flush=True); time.sleep(600)")
+    env = {**os.environ, "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN": "1", compile_cache.ENV_DIR: str(tmp_path / "keyed")}
+    env.pop("FLASHSAC_OPT_COMPILE_AHEAD", None)
+    launcher = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(pid) for pid in launcher.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 60  # the orphan watch polls every second; the import may still run
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

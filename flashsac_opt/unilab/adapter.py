@@ -303,7 +303,7 @@ class UniLabFlashSACLearner:
         phases = [{"networks": c.get("networks"), "seconds": c.get("seconds"), "compile_phases_s": c.get("compile_phases_s")}
                   for c in report.get("children", [report] if report.get("compile_phases_s") else [])]
         startup_event("compile_ahead_done", ok=compiled, waited_s=ahead.waited_s, child_s=report.get("seconds"),
-                      background=background, child=not ahead.in_this_process, children=phases)
+                      background=background, child=not ahead.in_this_process, children=phases, prespawned=getattr(ahead, "prespawned", False))
         if background:
             self.learner.engine.compile_now()  # this update compiles (from the child's caches when it compiled)
             if compiled:

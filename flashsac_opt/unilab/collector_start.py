@@ -18,7 +18,8 @@ The server never initializes CUDA (a forked child could not use it otherwise): i
 Dynamo and Inductor does not. FLASHSAC_OPT_COLLECTOR_PRELOAD=0 keeps UniLab's spawn.
 
 Being the patch's launch hook, `start_preload()` also fixes Triton's assembler for the whole
-training before anything compiles (flashsac_opt.toolchain), preload or not.
+training before anything compiles (flashsac_opt.toolchain), preload or not, and then starts the
+compile-ahead children where FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN=1 asks for it (compile_ahead.prespawn).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def start_preload() -> bool:
     if _context is not None:
         return True
     if not enabled():
+        _prespawn_compile_ahead()
         return False
     from multiprocessing import forkserver
 
@@ -84,7 +86,17 @@ def start_preload() -> bool:
             else:
                 os.environ[key] = value
     _context = context
+    _prespawn_compile_ahead()
     return True
+
+
+def _prespawn_compile_ahead() -> None:
+    """The compile-ahead children at launch where FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN asks for them
+    (compile_ahead.prespawn): the launch hook is the earliest point of a UniLab training. After the
+    server has started: both import torch side by side."""
+    from flashsac_opt import compile_ahead
+
+    compile_ahead.prespawn()
 
 
 def process_args(context, target, target_fn, error_conn, kwargs: dict):
