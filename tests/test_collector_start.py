@@ -155,3 +155,16 @@ def test_a_preloaded_collector_can_use_cuda(tmp_path, require_unilab):
     finally:
         learner.kill()
         learner.wait(timeout=30)
+
+
+def test_the_launch_hook_imports_no_torch_for_the_compile_ahead_children_unless_asked():
+    # the hook runs at the top of UniLab's train script: with prespawn unset it must leave torch's
+    # import to UniLab's own order; set, it starts the children (through compile_ahead, torch and all)
+    script = ("import sys; from flashsac_opt.unilab import collector_start; collector_start._prespawn_compile_ahead();"
+              "print('torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN"}
+    unset = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert unset.returncode == 0 and unset.stdout.strip() == "False", unset.stderr
+    off = subprocess.run([sys.executable, "-c", script], env={**env, "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN": "0"},
+                         capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and off.stdout.strip() == "True", off.stderr  # asked about, so compile_ahead decided

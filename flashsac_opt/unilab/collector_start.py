@@ -93,7 +93,10 @@ def start_preload() -> bool:
 def _prespawn_compile_ahead() -> None:
     """The compile-ahead children at launch where FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN asks for them
     (compile_ahead.prespawn): the launch hook is the earliest point of a UniLab training. After the
-    server has started: both import torch side by side."""
+    server has started: both import torch side by side. Unset (off), not even compile_ahead is
+    imported: it imports torch, which this hook otherwise leaves to UniLab's own order."""
+    if os.environ.get("FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN") is None:
+        return
     from flashsac_opt import compile_ahead
 
     compile_ahead.prespawn()
