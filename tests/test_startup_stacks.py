@@ -66,3 +66,36 @@ def test_names_take_the_innermost_application_frame_and_the_library_below_it():
     assert startup_stacks.name_of([("/w/unilab/patched/unilab/base/env.py", "g")]) == "unilab/base/env.py:g"
     # inside a library: the innermost frames, outermost first
     assert startup_stacks.name_in_library(stack, depth=2) == "torch/_dynamo/eval.py:run < torch/_inductor/codecache.py:compile"
+
+
+# A forked child (UniLab's collector is forked from patch 0005's server) keeps no thread of its
+# parent: it is sampled only if the sampler starts again after the fork.
+FORKING_PROGRAM = """
+import os, time
+def forked_work():
+    end = time.time() + 1.2
+    while time.time() < end:
+        sum(range(1000))
+time.sleep(0.5)
+pid = os.fork()
+if pid == 0:
+    forked_work()
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_is_sampled_and_named_as_forked(tmp_path):
+    script = tmp_path / "forking.py"
+    script.write_text(FORKING_PROGRAM)
+    env = dict(os.environ)
+    startup_stacks.enable(env, tmp_path / "samples", interval_s=0.2, for_s=20)
+    launched = time.time()
+    parent_run = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env, check=True, timeout=60)
+    assert parent_run.returncode == 0
+    parent, child = startup_stacks.summarize(tmp_path / "samples", launched)
+    assert child["cmd"].startswith(f"(forked from {parent['pid']}) ") and "forking.py" in child["cmd"]
+    assert not parent["cmd"].startswith("(forked")
+    work = sum(s for where, s in child["seconds_by_where"] if where.endswith("forking.py:forked_work"))
+    assert 0.8 <= work <= 2.0
+    assert not any(where.endswith(":forked_work") for where, _ in parent["seconds_by_where"])

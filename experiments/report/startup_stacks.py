@@ -3,7 +3,8 @@
 
 `enable(env, folder, interval_s, for_s)` puts a `sitecustomize.py` first on the training's
 PYTHONPATH: every Python process the training starts (train, UniLab's collectors, Inductor's
-compile workers, a compile-ahead child) then runs a daemon thread that, every interval_s seconds
+compile workers, a compile-ahead child, and children forked from any of them, such as the collector
+forked from patch 0005's server) then runs a daemon thread that, every interval_s seconds
 for its first for_s seconds, appends the main thread's frames (`sys._current_frames`) and the time
 to FOLDER/stacks_<pid>.txt. A sample needs the GIL, so it is late while the main thread holds it
 in a long C call. (faulthandler's watchdog, which needs no GIL, crashed UniLab's collector.)
@@ -23,13 +24,15 @@ from pathlib import Path
 FOLDER_ENV, INTERVAL_ENV, FOR_ENV = "FLASHSAC_OPT_STACK_DIR", "FLASHSAC_OPT_STACK_INTERVAL", "FLASHSAC_OPT_STACK_SECONDS"
 SITECUSTOMIZE = f'''"""Written by flashsac_opt's experiments/report/startup_stacks.py: samples of this process's main-thread stack."""
 import os, sys, threading, time
-def _flashsac_opt_sample(folder, interval, duration):
+def _flashsac_opt_sample(folder, interval, duration, forked_from=None):
     main = threading.main_thread().ident
     try:
         with open("/proc/self/cmdline", "rb") as c:
             cmd = c.read().replace(b"\\0", b" ").decode(errors="replace").replace("\\n", " ").strip()
     except OSError:
         cmd = "?"
+    if forked_from is not None:  # a forked child keeps its parent's command line
+        cmd = "(forked from %d) %s" % (forked_from, cmd)
     end = time.time() + duration
     with open(os.path.join(folder, "stacks_%d.txt" % os.getpid()), "w") as out:
         out.write("# started %.3f pid %d cmd %s\\n" % (time.time(), os.getpid(), cmd[:300]))
@@ -44,10 +47,19 @@ def _flashsac_opt_sample(folder, interval, duration):
                 frame = frame.f_back
             out.write("\\n".join(lines) + "\\n")
             out.flush()
-if os.environ.get("{FOLDER_ENV}"):
+def _flashsac_opt_start(forked_from=None):
     threading.Thread(target=_flashsac_opt_sample, name="flashsac_opt_stack_sampler", daemon=True,
                      args=(os.environ["{FOLDER_ENV}"], float(os.environ.get("{INTERVAL_ENV}", "0.5")),
-                           float(os.environ.get("{FOR_ENV}", "300")))).start()
+                           float(os.environ.get("{FOR_ENV}", "300")), forked_from)).start()
+if os.environ.get("{FOLDER_ENV}"):
+    _flashsac_opt_start()
+    # A fork keeps no thread but the forking one: UniLab's collector, forked from patch 0005's
+    # server, would go unsampled. Each forked child samples itself from its fork on.
+    _parent = [os.getpid()]
+    def _flashsac_opt_after_fork():
+        forked_from, _parent[0] = _parent[0], os.getpid()
+        _flashsac_opt_start(forked_from)
+    os.register_at_fork(after_in_child=_flashsac_opt_after_fork)
 '''
 APP = ("/unilab/", "/flashsac_opt/")
 _HEADER = re.compile(r"^# started (?P<t>[0-9.]+) pid (?P<pid>\d+) cmd (?P<cmd>.*)$")
