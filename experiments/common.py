@@ -172,7 +172,8 @@ def host_share() -> dict:
         "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
         # flashsac_opt's environment switches as the run had them (unset: the default)
         "flashsac_opt_switches": {k: os.environ.get(k) for k in ("FLASHSAC_OPT_COMPILE_AHEAD", "FLASHSAC_OPT_COMPILE_AHEAD_SPLIT", "FLASHSAC_OPT_CAPTURE_EXPLORE",
-                                                                "FLASHSAC_OPT_PRECOMPILED_STEPS", "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN")},
+                                                                "FLASHSAC_OPT_PRECOMPILED_STEPS", "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN",
+                                                                "FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER")},
     }
 
 

@@ -47,6 +47,7 @@ def collect(stop_event, report):
     state = {"late": os.environ.get("FLASHSAC_OPT_TEST_LATE"), "ppid": os.getppid(),
              "worker_preloaded": "unilab.rl.runtime.offpolicy.worker" in sys.modules,
              "dynamo_preloaded": "torch._dynamo" in sys.modules,
+             "compiler_preloaded": "torch._inductor.compile_fx" in sys.modules,
              "server_flag": os.environ.get("FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"),
              "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")}
     if os.environ.get("FLASHSAC_OPT_TEST_CUDA") == "1":  # what UniLab's collector does with its CUDA ring
@@ -71,11 +72,15 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _start_learner(tmp_path: Path, preload: str, cuda: bool = False) -> tuple[subprocess.Popen, dict, Path]:
+def _start_learner(tmp_path: Path, preload: str, cuda: bool = False, compiler: str | None = None
+                   ) -> tuple[subprocess.Popen, dict, Path]:
     (tmp_path / "collector_probe.py").write_text(_PROBE)
     report = tmp_path / "collector.json"
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                FLASHSAC_OPT_COLLECTOR_PRELOAD=preload, FLASHSAC_OPT_TEST_CUDA="1" if cuda else "0")
+    env.pop(collector_start.COMPILER_ENV, None)
+    if compiler is not None:
+        env[collector_start.COMPILER_ENV] = compiler
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
     learner = subprocess.Popen([sys.executable, "-c", _LEARNER, str(report)], env=env, stdout=subprocess.PIPE,
@@ -99,6 +104,7 @@ def test_the_collector_forks_preloaded_with_the_learners_environment_and_stops_w
         state = json.loads(report.read_text())
         assert started["started"] and started["context"] == "forkserver"
         assert state["worker_preloaded"] and state["dynamo_preloaded"]  # imported by the server, before the fork
+        assert not state["compiler_preloaded"]  # Inductor's compile_fx only when asked (below)
         assert state["late"] == "set after launch"  # the learner's environment when it started the collector
         assert state["server_flag"] is None and state["nvml_check"] is None  # the server's variables stay in the server
         assert state["ppid"] == started["server_pid"] != learner.pid
@@ -168,3 +174,65 @@ def test_the_launch_hook_imports_no_torch_for_the_compile_ahead_children_unless_
     off = subprocess.run([sys.executable, "-c", script], env={**env, "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN": "0"},
                          capture_output=True, text=True, timeout=120)
     assert off.returncode == 0 and off.stdout.strip() == "True", off.stderr  # asked about, so compile_ahead decided
+
+
+@pytest.mark.skipif(not collector_start.enabled(), reason="no forkserver start method here")
+def test_asked_to_the_server_imports_inductors_compile_fx_before_the_fork(tmp_path, require_unilab):
+    learner, started, report = _start_learner(tmp_path, "1", compiler="1")
+    try:
+        state = json.loads(report.read_text())
+        assert started["context"] == "forkserver" and state["ppid"] == started["server_pid"]
+        assert state["compiler_preloaded"] and state["worker_preloaded"]
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)
+        for pid in (started.get("pid"), started.get("server_pid")):
+            deadline = time.monotonic() + 30
+            while pid and not _exited(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid and not _exited(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+class _FakeCuda:
+    def __init__(self, compiled: bool, nvml_env: bool, nvml_count: int):
+        self.compiled, self.nvml_env, self.nvml_count = compiled, nvml_env, nvml_count
+
+    def _is_compiled(self):
+        return self.compiled
+
+    def _nvml_based_avail(self):
+        return self.nvml_env
+
+    def _device_count_nvml(self):
+        return self.nvml_count
+
+
+@pytest.mark.parametrize("compiled, nvml_env, nvml_count, safe", [
+    (False, False, -1, True),  # a CPU torch asks no driver
+    (True, True, 1, True),  # NVML counts: is_available() does not touch the driver
+    (True, True, 0, True),
+    (True, True, -1, False),  # NVML failed: is_available() would fall back to cudaGetDeviceCount
+    (True, False, 1, False),  # without the NVML check is_available() asks the driver
+])
+def test_compile_fx_is_preloaded_only_where_its_cuda_query_cannot_poison_the_fork(compiled, nvml_env, nvml_count, safe):
+    fake_torch = type("FakeTorch", (), {"cuda": _FakeCuda(compiled, nvml_env, nvml_count)})
+    assert collector_start.compiler_import_is_fork_safe(fake_torch) is safe
+
+
+@pytest.mark.parametrize("body, verdict", [
+    ("import torch\n", None),
+    # stands in for an import that asks the CUDA driver: a child forked afterwards is "in a bad fork"
+    ("import torch\ntorch.cuda._is_in_bad_fork = lambda: True\n", "asked the CUDA driver"),
+    ("raise ImportError('missing')\n", "its import failed"),
+])
+def test_the_fork_probe_imports_in_a_throwaway_child_and_reports_a_poisoned_fork(tmp_path, monkeypatch, body, verdict):
+    import torch
+
+    name = f"flashsac_opt_probe_{abs(hash(body))}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = torch.cuda._is_in_bad_fork
+    why = collector_start._import_poisons_fork(name)
+    assert (why is None) if verdict is None else (verdict in why)
+    assert name not in sys.modules and torch.cuda._is_in_bad_fork is before  # only the child imported it

@@ -4,8 +4,8 @@ the start-up compile and -> first update, alternating processes.
 Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA): with
 --patch, one has that patch reverted; with --bytecode, one has no .pyc files (a wheel installed
 with --no-compile under PYTHONDONTWRITEBYTECODE=1, which every training here then runs under);
-with --precompiled, the on side runs with FLASHSAC_OPT_PRECOMPILED_STEPS=1 (both warm: one
-throw-away launch per side first, on one shared cache). --rounds short G1 trainings each
+with --precompiled, the on side runs with FLASHSAC_OPT_PRECOMPILED_STEPS=1, with --switch NAME with
+NAME=1 (both warm: one throw-away launch per side first, on one shared cache). --rounds short G1 trainings each
 (experiments/benchmark_flashsac_training.py, --override passed to UniLab), off and on
 alternating; medians per side of the start-up timeline's learner_constructed_s, the start-up
 compile's seconds and the first logged row's wall_s, and on/off.
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     toggle.add_argument("--patch", help="the series name of the patch to toggle (e.g. 0006-startup-probe-eager)")
     toggle.add_argument("--bytecode", action="store_true", help="toggle the UniLab copy's .pyc files instead")
     toggle.add_argument("--precompiled", action="store_true", help="toggle FLASHSAC_OPT_PRECOMPILED_STEPS instead")
+    toggle.add_argument("--switch", metavar="NAME", help="toggle the environment switch NAME instead (0 off, 1 on; one copy, "
+                        "one cache), e.g. FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER")
     parser.add_argument("--override", action="append", default=[], help="Hydra override for UniLab's train (repeatable)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mode", choices=("eager", "compile", "graph"), help="learner mode (default: graph on CUDA, eager on the CPU)")
@@ -74,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     cpu = not torch.cuda.is_available()
     mode = args.mode or ("eager" if cpu else "graph")
     copies = prepare(args.work, args.patch, cpu)
-    if args.precompiled:  # one copy, one cache: only the switch differs
+    if args.precompiled:
+        args.switch = "FLASHSAC_OPT_PRECOMPILED_STEPS"
+    if args.switch:  # one copy, one cache: only the switch differs
         copies["off"] = copies["on"]
-    switch = {side: {"FLASHSAC_OPT_PRECOMPILED_STEPS": "1" if side == "on" else "0"} if args.precompiled else {} for side in ("off", "on")}
+    switch = {side: {args.switch: "1" if side == "on" else "0"} if args.switch else {} for side in ("off", "on")}
     runs = []  # a throw-away first launch (round -1) fills the compile caches and the OS file cache for both sides
     for k in range(-1, args.rounds):
-        for side in ("off", "on") if k >= 0 or args.precompiled else ("on",):
+        for side in ("off", "on") if k >= 0 or args.switch else ("on",):
             out = args.work / f"{side}_{k}.json"
             cmd = [sys.executable, str(TRAIN), "--unilab-root", str(copies[side]), "--learner", "flashsac_opt", "--mode", mode,
                    "--num-envs", str(args.num_envs), "--batch-size", "32", "--updates-per-step", "2", "--iterations", str(args.iterations),
@@ -95,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             if k < 0:
                 continue
             compile_at = next((p for p in ("startup_idle_compile", "prepare_for_collection") if f"{p}_end_s" in timeline), None)
+            wait = (round(timeline["collector_start_wait_end_s"] - timeline["collector_start_wait_s"], 3)
+                    if {"collector_start_wait_s", "collector_start_wait_end_s"} <= timeline.keys() else None)
             runs.append({"round": k, "patch": side, "learner_constructed_s": timeline.get("learner_constructed_s"),
+                         # the runner's wait for its collector's ready signal (the start-up compile inside it)
+                         "collector_start_wait_s": wait,
                          # the start-up compile (in the runner's wait, or at prepare_for_collection)
                          "startup_compile_s": round(timeline[f"{compile_at}_end_s"] - timeline[f"{compile_at}_start_s"], 3) if compile_at else None,
                          "first_update_s": rows[0]["wall_s"] if rows and "wall_s" in rows[0] else None})
@@ -109,16 +117,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def summarize(runs: list[dict]) -> tuple[dict, dict]:
     sides = {side: {key: median([r[key] for r in runs if r["patch"] == side])
-                    for key in ("learner_constructed_s", "startup_compile_s", "first_update_s")} for side in ("off", "on")}
+                    for key in ("learner_constructed_s", "collector_start_wait_s", "startup_compile_s", "first_update_s")}
+             for side in ("off", "on")}
     ratio = {key: (sides["on"][key] / sides["off"][key] if sides["on"][key] and sides["off"][key] else None) for key in sides["on"]}
     return sides, ratio
 
 
 def write(args: argparse.Namespace, mode: str, cpu: bool, runs: list[dict], complete: bool) -> None:
     sides, ratio = summarize(runs)
-    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else "precompiled" if args.precompiled else "patch", "what": __doc__.split("\n\n")[0],
+    write_report({"experiment": "startup_patch_pair", "patch": args.patch, "toggle": "bytecode" if args.bytecode else args.switch or "patch", "what": __doc__.split("\n\n")[0],
                   "configuration": {"mode": mode, "num_envs": args.num_envs, "iterations": args.iterations, "rounds": args.rounds, "overrides": args.override,
-                                    "device": "cpu" if cpu else "cuda", "order": ("one throw-away launch per side" if args.precompiled else "one throw-away launch") + ", then off, on alternating"},
+                                    "device": "cpu" if cpu else "cuda", "order": ("one throw-away launch per side" if args.switch else "one throw-away launch") + ", then off, on alternating"},
                   "environment": run_environment("cpu" if cpu else "cuda"), "runs": runs, "complete": complete,
                   "rounds_completed": sum(r["patch"] == "on" for r in runs),  # "on" runs second in each round
                   "median": sides, "on_over_off": ratio},

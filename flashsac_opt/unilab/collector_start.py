@@ -50,6 +50,13 @@ PRELOAD_MODULES = (
     "unilab.envs.mdp.events",
 )
 
+# "1": the server imports Inductor's compile_fx as well (off until measured on the GPU). A warm
+# collector otherwise imports it inside UniLab's first torch.compile(): 0.9 s of its 4.5-s start on
+# the CPU (results/startup/collector_start_cpu_2026-12-07). Its import asks torch.cuda.is_available()
+# (torch 2.11), which is fork-safe only where NVML answers; elsewhere the server leaves it out.
+COMPILER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER"
+COMPILER_MODULE = "torch._inductor.compile_fx"
+
 _context: multiprocessing.context.BaseContext | None = None
 
 
@@ -158,8 +165,46 @@ def _import_collector_modules() -> None:
     except Exception as exc:  # noqa: BLE001
         print(f"flashsac_opt collector preload: UniLab's env registry not preloaded: {exc!r}", file=sys.stderr)
     torch = sys.modules.get("torch")
+    if os.environ.get(COMPILER_ENV, "0") == "1" and torch is not None:
+        why = None if compiler_import_is_fork_safe(torch) else "NVML does not count the GPUs here"
+        why = why or _import_poisons_fork(COMPILER_MODULE)
+        if why is None:
+            importlib.import_module(COMPILER_MODULE)
+        else:
+            print(f"flashsac_opt collector preload: {COMPILER_MODULE} not preloaded: {why}", file=sys.stderr)
     if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
         raise RuntimeError("flashsac_opt collector preload: CUDA was initialized in the forkserver")
+
+
+def _import_poisons_fork(module: str) -> str | None:
+    """Import ``module`` in a throw-away child of the server and fork a grandchild there that tells
+    whether it could still use CUDA: None when it could, else why not. The server's own import
+    follows only then, so a CUDA query this reasoning missed costs the preload, never a collector."""
+    pid = os.fork()
+    if pid == 0:  # the child: exit codes 0 clean, 3 poisoned, 4 the import failed
+        code = 4
+        try:
+            importlib.import_module(module)
+            probe = os.fork()
+            if probe == 0:
+                os._exit(3 if sys.modules["torch"].cuda._is_in_bad_fork() else 0)
+            code = os.waitstatus_to_exitcode(os.waitpid(probe, 0)[1])
+        finally:
+            os._exit(code)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return {0: None, 3: "its import asked the CUDA driver (a forked child could not use CUDA)",
+            4: "its import failed"}.get(code, f"the probe ended with {code}")
+
+
+def compiler_import_is_fork_safe(torch) -> bool:
+    """Whether importing Inductor's compile_fx leaves a forked child able to use CUDA: its
+    torch.cuda.is_available() (torch 2.11's runtime/benchmarking.py) counts through NVML under
+    PYTORCH_NVML_BASED_CUDA_CHECK=1 (the server has it) and falls back to the CUDA driver only where
+    NVML fails. A torch without CUDA asks nothing."""
+    cuda = torch.cuda
+    if not cuda._is_compiled():
+        return True
+    return bool(cuda._nvml_based_avail()) and cuda._device_count_nvml() >= 0
 
 
 if os.environ.get(_SERVER_ENV) == "1":  # this interpreter is the server start_preload() started
