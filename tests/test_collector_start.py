@@ -148,16 +148,20 @@ def test_without_a_started_server_the_process_arguments_are_unilabs():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not collector_start.enabled(), reason="no forkserver start method here")
-def test_a_preloaded_collector_can_use_cuda(tmp_path, require_unilab):
+@pytest.mark.parametrize("compiler", [None, "1"])
+def test_a_preloaded_collector_can_use_cuda(tmp_path, require_unilab, compiler):
     # torch 2.11's Inductor asks torch.cuda.is_available() at import (runtime/benchmarking.py); a
-    # CUDA driver query in the server would leave every forked collector unable to use CUDA
+    # CUDA driver query in the server would leave every forked collector unable to use CUDA.
+    # With compile_fx asked for, the server imports it only after its fork probe said it is safe.
     if not __import__("torch").cuda.is_available():
         pytest.skip("needs CUDA")
-    learner, started, report = _start_learner(tmp_path, "1", cuda=True)
+    learner, started, report = _start_learner(tmp_path, "1", cuda=True, compiler=compiler)
     try:
         state = json.loads(report.read_text())
         assert started["context"] == "forkserver" and state["worker_preloaded"]
         assert state["cuda"] == 2.0, state["cuda"]
+        if compiler:  # on a GPU machine with NVML the probe passes and the import happened in the server
+            assert state["compiler_preloaded"]
     finally:
         learner.kill()
         learner.wait(timeout=30)
