@@ -30,14 +30,19 @@ else:
 """
 
 
-def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
-    script = tmp_path / "startup.py"
-    script.write_text(PROGRAM)
+def _sampled_run(tmp_path, name: str, program: str) -> tuple[list[dict], float]:
+    """Run ``program`` with sampling on (every 0.2 s); its processes' summaries and the launch time."""
+    script = tmp_path / name
+    script.write_text(program)
     env = dict(os.environ)
     startup_stacks.enable(env, tmp_path / "samples", interval_s=0.2, for_s=20)
     launched = time.time()
-    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
-    parent, child = startup_stacks.summarize(tmp_path / "samples", launched)
+    subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env, check=True, timeout=60)
+    return startup_stacks.summarize(tmp_path / "samples", launched), launched
+
+
+def test_samples_name_where_each_process_spent_its_start_up(tmp_path):
+    (parent, child), launched = _sampled_run(tmp_path, "startup.py", PROGRAM)
     assert "startup.py" in parent["cmd"] and parent["cmd"].endswith("child") is False and child["cmd"].endswith("child")
     assert parent["started_s"] < child["started_s"]
     def seconds_in(proc, func):  # (the parent's wait for the child is a place of its own, as long as the child runs)
@@ -86,14 +91,7 @@ os.waitpid(pid, 0)
 
 
 def test_a_forked_child_is_sampled_and_named_as_forked(tmp_path):
-    script = tmp_path / "forking.py"
-    script.write_text(FORKING_PROGRAM)
-    env = dict(os.environ)
-    startup_stacks.enable(env, tmp_path / "samples", interval_s=0.2, for_s=20)
-    launched = time.time()
-    parent_run = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env, check=True, timeout=60)
-    assert parent_run.returncode == 0
-    parent, child = startup_stacks.summarize(tmp_path / "samples", launched)
+    (parent, child), _ = _sampled_run(tmp_path, "forking.py", FORKING_PROGRAM)
     assert child["cmd"].startswith(f"(forked from {parent['pid']}) ") and "forking.py" in child["cmd"]
     assert not parent["cmd"].startswith("(forked")
     work = sum(s for where, s in child["seconds_by_where"] if where.endswith("forking.py:forked_work"))
