@@ -224,6 +224,14 @@ def test_compile_fx_is_preloaded_only_where_its_cuda_query_cannot_poison_the_for
     assert collector_start.compiler_import_is_fork_safe(fake_torch) is safe
 
 
+def test_a_torch_without_the_nvml_helpers_gets_no_compile_fx_preload():
+    class _OtherCuda:
+        def _is_compiled(self):
+            return True
+
+    assert collector_start.compiler_import_is_fork_safe(type("OtherTorch", (), {"cuda": _OtherCuda()})) is False
+
+
 @pytest.mark.parametrize("body, verdict", [
     ("import torch\n", None),
     # stands in for an import that asks the CUDA driver: a child forked afterwards is "in a bad fork"

@@ -4,15 +4,17 @@ the start-up compile and -> first update, alternating processes.
 Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA): with
 --patch, one has that patch reverted; with --bytecode, one has no .pyc files (a wheel installed
 with --no-compile under PYTHONDONTWRITEBYTECODE=1, which every training here then runs under);
-with --precompiled, the on side runs with FLASHSAC_OPT_PRECOMPILED_STEPS=1, with --switch NAME with
-NAME=1 (both warm: one throw-away launch per side first, on one shared cache). --rounds short G1 trainings each
+with --precompiled (or --switch NAME) the on side runs with FLASHSAC_OPT_PRECOMPILED_STEPS=1 (NAME=1),
+the off side with 0 (both warm: one throw-away launch per side first, on one shared cache). --rounds short G1 trainings each
 (experiments/benchmark_flashsac_training.py, --override passed to UniLab), off and on
-alternating; medians per side of the start-up timeline's learner_constructed_s, the start-up
-compile's seconds and the first logged row's wall_s, and on/off.
+alternating; medians per side of the start-up timeline's learner_constructed_s, the runner's wait
+for its collector, the start-up compile's seconds and the first logged row's wall_s, and on/off.
 
     python experiments/bench/startup_patch_pair.py --patch 0006-startup-probe-eager --output results/startup/probe_eager_cpu.json
     python experiments/bench/startup_patch_pair.py --bytecode --output results/startup/bytecode_cpu.json
     python experiments/bench/startup_patch_pair.py --precompiled --mode compile --output results/startup/precompiled_cpu.json
+    python experiments/bench/startup_patch_pair.py --switch FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER --num-envs 256 \
+        --output results/startup/collector_preload_compiler_cpu.json
 """
 
 from __future__ import annotations

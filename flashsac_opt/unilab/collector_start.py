@@ -169,8 +169,11 @@ def _import_collector_modules() -> None:
         why = None if compiler_import_is_fork_safe(torch) else "NVML does not count the GPUs here"
         why = why or _import_poisons_fork(COMPILER_MODULE)
         if why is None:
-            importlib.import_module(COMPILER_MODULE)
-        else:
+            try:
+                importlib.import_module(COMPILER_MODULE)
+            except Exception as exc:  # noqa: BLE001 - the server must not die (the probe's import succeeded)
+                why = repr(exc)
+        if why is not None:
             print(f"flashsac_opt collector preload: {COMPILER_MODULE} not preloaded: {why}", file=sys.stderr)
     if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
         raise RuntimeError("flashsac_opt collector preload: CUDA was initialized in the forkserver")
@@ -204,7 +207,10 @@ def compiler_import_is_fork_safe(torch) -> bool:
     cuda = torch.cuda
     if not cuda._is_compiled():
         return True
-    return bool(cuda._nvml_based_avail()) and cuda._device_count_nvml() >= 0
+    nvml_check, nvml_count = getattr(cuda, "_nvml_based_avail", None), getattr(cuda, "_device_count_nvml", None)
+    if nvml_check is None or nvml_count is None:  # private helpers of torch 2.x; another torch: not preloaded
+        return False
+    return bool(nvml_check()) and nvml_count() >= 0
 
 
 if os.environ.get(_SERVER_ENV) == "1":  # this interpreter is the server start_preload() started
