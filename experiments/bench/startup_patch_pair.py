@@ -1,4 +1,4 @@
-"""One start-up patch, UniLab's bytecode, or precompiled steps on and off: launch -> learner,
+"""One start-up patch, UniLab's bytecode, precompiled steps or another switch on and off: launch -> learner,
 the start-up compile and -> first update, alternating processes.
 
 Two patched copies of the installed UniLab under --work (CPU smoke patch without CUDA): with
