@@ -55,11 +55,7 @@ if os.environ.get("{FOLDER_ENV}"):
     _flashsac_opt_start()
     # A fork keeps no thread but the forking one: UniLab's collector, forked from patch 0005's
     # server, would go unsampled. Each forked child samples itself from its fork on.
-    _parent = [os.getpid()]
-    def _flashsac_opt_after_fork():
-        forked_from, _parent[0] = _parent[0], os.getpid()
-        _flashsac_opt_start(forked_from)
-    os.register_at_fork(after_in_child=_flashsac_opt_after_fork)
+    os.register_at_fork(after_in_child=lambda: _flashsac_opt_start(os.getppid()))
 '''
 APP = ("/unilab/", "/flashsac_opt/")
 _HEADER = re.compile(r"^# started (?P<t>[0-9.]+) pid (?P<pid>\d+) cmd (?P<cmd>.*)$")

@@ -154,10 +154,7 @@ def _import_collector_modules() -> None:
     """In the server: import what the collector needs. A module that fails is reported and
     skipped (the collector then imports it itself, as under spawn); the server must not die."""
     for name in PRELOAD_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any failure only costs the collector its import
-            print(f"flashsac_opt collector preload: {name} not preloaded: {exc!r}", file=sys.stderr)
+        _preload(name)
     try:
         from unilab.training.common import ensure_registries  # the env modules the registry names
 
@@ -166,17 +163,23 @@ def _import_collector_modules() -> None:
         print(f"flashsac_opt collector preload: UniLab's env registry not preloaded: {exc!r}", file=sys.stderr)
     torch = sys.modules.get("torch")
     if os.environ.get(COMPILER_ENV, "0") == "1" and torch is not None:
-        why = None if compiler_import_is_fork_safe(torch) else "NVML does not count the GPUs here"
-        why = why or _import_poisons_fork(COMPILER_MODULE)
+        why = (_import_poisons_fork(COMPILER_MODULE) if compiler_import_is_fork_safe(torch)
+               else "NVML does not count the GPUs here")
         if why is None:
-            try:
-                importlib.import_module(COMPILER_MODULE)
-            except Exception as exc:  # noqa: BLE001 - the server must not die (the probe's import succeeded)
-                why = repr(exc)
-        if why is not None:
+            _preload(COMPILER_MODULE)
+        else:
             print(f"flashsac_opt collector preload: {COMPILER_MODULE} not preloaded: {why}", file=sys.stderr)
     if torch is not None and torch.cuda.is_initialized():  # a forked child could not use CUDA
         raise RuntimeError("flashsac_opt collector preload: CUDA was initialized in the forkserver")
+
+
+def _preload(name: str) -> None:
+    """Import ``name`` in the server; a failure is reported and skipped (the collector then imports
+    it itself, as under spawn): the server must not die."""
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any failure only costs the collector its import
+        print(f"flashsac_opt collector preload: {name} not preloaded: {exc!r}", file=sys.stderr)
 
 
 def _import_poisons_fork(module: str) -> str | None:
