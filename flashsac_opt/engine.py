@@ -470,15 +470,21 @@ class Engine:
         return split
 
     # ----------------------------------------------------------------- running
-    def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> None:
-        """One iteration on a batch of ``updates_per_step`` x rows. Does not synchronize."""
+    def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> "torch.cuda.Event | None":
+        """One iteration on a batch of ``updates_per_step`` x rows. Does not synchronize.
+
+        Returns, where a captured graph runs the iteration, an event recorded once ``batch`` is
+        copied into the graph's inputs: from then on the caller may overwrite ``batch``. None
+        where the iteration reads ``batch`` itself, until it ends."""
         rows = next(iter(batch.values())).shape[0] // schedule.updates_per_step
         updates = self.update_functions(rows, schedule)
+        inputs_read = None
         if self._graph is not None and not self._run_uncaptured():
-            self._graph.run(batch, schedule)
+            inputs_read = self._graph.run(batch, schedule)
         else:
             self._iteration(batch, schedule, updates)
         self._after_iteration()
+        return inputs_read
 
     def run_sampled(self, sample: Callable[[], dict], rows: int, schedule: Schedule, *, source: tuple, generator: torch.Generator) -> None:
         """One iteration on ``sample()``: ``updates_per_step`` x ``rows`` rows from a replay
@@ -552,7 +558,9 @@ class CapturedIteration:
             self.graph.reset()
         self.graph, self.key, self.static_batch = None, None, {}
 
-    def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> None:
+    def run(self, batch: dict[str, torch.Tensor], schedule: Schedule) -> torch.cuda.Event:
+        """Copy ``batch`` into the graph's inputs and replay it; returns an event recorded after
+        the copy (Engine.run)."""
         key = (schedule, tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items())))
         if key != self.key:
             self.static_batch = {k: v.detach().clone() for k, v in batch.items()}
@@ -560,7 +568,10 @@ class CapturedIteration:
             self._capture(key, lambda: self.engine._iteration(self.static_batch, schedule, updates))
         for name, tensor in batch.items():
             self.static_batch[name].copy_(tensor)
+        inputs_read = torch.cuda.Event()
+        inputs_read.record()
         self.graph.replay()
+        return inputs_read
 
     def run_sampled(self, sample: Callable[[], dict], schedule: Schedule, source: tuple, generator: torch.Generator) -> None:
         key = ("sampled", source, schedule)

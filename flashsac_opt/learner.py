@@ -264,16 +264,18 @@ class FlashSACLearner:
         batch: dict[str, torch.Tensor],
         updates_per_step: int | None = None,
         policy_frequency: int | None = None,
-    ) -> None:
+    ) -> "torch.cuda.Event | None":
         """Run one iteration (all updates) on a large batch. Does not synchronize.
 
         The batch is checked whole before anything runs: a bad one raises ValueError and
-        leaves the learner as it was."""
+        leaves the learner as it was. Returns Engine.run's event (graph mode: the batch has
+        been copied into the captured graph's inputs once it has happened), else None."""
         schedule = self._schedule(updates_per_step, policy_frequency)
         self.validate_batch(batch, schedule.updates_per_step)
         self._begin_iteration(schedule)
-        self.engine.run(batch, schedule)
+        inputs_read = self.engine.run(batch, schedule)
         self.iterations += 1
+        return inputs_read
 
     def update_from_replay(self, replay, updates_per_step: int | None = None, policy_frequency: int | None = None) -> None:
         """One iteration on ``cfg.batch_size`` rows per update sampled from a ``flashsac_opt.replay.GPUReplay``.
@@ -357,6 +359,11 @@ class FlashSACLearner:
         before ``torch.distributed.destroy_process_group()``: a live graph that captured NCCL
         collectives makes it hang. The learner stays usable: the next update recaptures."""
         self.engine.release()
+
+    @property
+    def last_schedule(self) -> Schedule | None:
+        """The schedule of the last iteration (its metrics buffer's layout)."""
+        return self._last_schedule
 
     def read_metrics(self) -> dict[str, float]:
         """The iteration's metrics: the one device-to-host copy per iteration.

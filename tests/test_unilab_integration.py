@@ -2,6 +2,7 @@
 
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -78,6 +79,25 @@ def test_two_patches_of_one_file_apply_and_revert_in_any_order(site):
             unilab_patch.revert(site, names=[name])
 
 
+def test_the_runner_patches_0004_and_0007_apply_and_revert_alone(site):
+    # both change the off-policy runner: either order gives the same bytes, each reverts alone
+    target = site / "unilab" / "rl" / "runtime" / "offpolicy" / "double_buffer_runner.py"
+    original = target.read_bytes()
+    unilab_patch.apply(site, names=["0007-update-phase-runs-ahead"])
+    only_0007 = target.read_bytes()
+    assert b'getattr(learner, "update_phase_runs_ahead", False)' in only_0007 and b"use_startup_idle_time" not in only_0007
+    unilab_patch.apply(site, names=["0004-startup-idle-compile"])
+    both = target.read_bytes()
+    unilab_patch.revert(site, names=["0007-update-phase-runs-ahead"])
+    assert b"update_phase_runs_ahead" not in target.read_bytes() and b"use_startup_idle_time" in target.read_bytes()
+    unilab_patch.apply(site, names=["0007-update-phase-runs-ahead"])
+    assert target.read_bytes() == both
+    unilab_patch.revert(site, names=["0004-startup-idle-compile"])
+    assert target.read_bytes() == only_0007
+    unilab_patch.revert(site)
+    assert target.read_bytes() == original
+
+
 def test_the_series_refuses_overlapping_patches_of_one_file(tmp_path):
     # two patches whose hunks touch the same lines of one file cannot be combined: load_series says so
     series = [unilab_patch.FilePatch("f.py", "0" * 64, "1" * 64, [(3, 3, [" a\n", "-b\n", "+B\n"])]),
@@ -97,7 +117,7 @@ def test_checkout_layout_and_dry_run(checkout):
     unilab_patch.apply(checkout)
     report = unilab_patch.status(checkout)
     assert report["version"] == "1.5.2"
-    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied", "applied", "applied"]  # 0002, 0003: optional
+    assert [p["state"] for p in report["patches"]] == ["applied", "not applied", "not applied", "applied", "applied", "applied", "applied"]  # 0002, 0003: optional
 
 
 def test_refuses_a_locally_modified_file(site):
@@ -151,8 +171,9 @@ def test_apply_rolls_back_when_a_write_fails(site, monkeypatch):
 def test_plain_patch_p1_gives_the_same_files(site, tmp_path):
     other = copy_unilab(tmp_path / "other")
     unilab_patch.apply(site, include_optional=True)
-    for name in ("0001-flashsac-opt-learner.patch", "0002-cpu-offpolicy-smoke.patch", "0003-data-parallel-launch.patch", "0004-startup-idle-compile.patch",
-                 "0005-startup-collector-preload.patch", "0006-startup-probe-eager.patch"):
+    series = json.loads((REPO / "patches" / "series.json").read_text())["patches"]
+    assert len(series) >= 7  # every patch of the series, in its order
+    for name in [p["file"] for p in series]:
         subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(REPO / "patches" / name)], cwd=other, check=True)
     assert tree_digest(other) == tree_digest(site)
 
@@ -314,7 +335,7 @@ def test_a_non_editable_install_carries_the_patch_series(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr[-2000:]
     where, count = found.stdout.split()
-    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 6
+    assert Path(where).resolve().is_relative_to(site.resolve()) and int(count) == len(unilab_patch.load_series()) == 7
 
 
 @pytest.mark.parametrize("version", [0, 1, 2])

@@ -37,6 +37,8 @@ from flashsac_opt.compile_ahead import OFF_VALUES, ON_VALUES, CompileAhead, comp
 from flashsac_opt.compile_ahead import mode as compile_ahead_mode
 from flashsac_opt.config import UNILAB_RUN_DEFAULTS, FlashSACConfig
 from flashsac_opt.learner import FlashSACLearner
+from flashsac_opt.metrics import unilab_metrics
+from flashsac_opt.unilab import run_ahead
 from flashsac_opt.unilab.compat import from_unilab_state_dict, to_unilab_state_dict
 
 # Set to "PATH:N" to save the first N large batches the runtime hands to update_cycle (real
@@ -153,7 +155,48 @@ def build_unilab_learner(*, device: str | torch.device, **learner_kwargs: Any) -
     return UniLabFlashSACLearner(device=device, **learner_kwargs)
 
 
-class UniLabFlashSACLearner:
+class _PerUpdatePath:
+    """UniLab's per-update path (``update_critic`` / ``update_actor`` / ``soft_update_target``),
+    which its runner takes for a learner without the whole-cycle path. flashsac_opt's learner
+    always offers that path (``use_update_cycle``); these keep the interface whole."""
+
+    learner: FlashSACLearner
+    reward_normalizer: Any
+
+    def update_critic(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
+        with self._first_update():
+            self._finish_compile_ahead()
+            self.learner.step_critic(batch)
+        if not read_metrics:
+            return {}
+        m = self.learner.single_update_metrics()
+        out = {"Loss/critic": m["critic_loss"]}
+        if self.reward_normalizer is not None:
+            out["Train/reward_scale_std"] = m["reward_scale_std"]
+        return out
+
+    def update_actor(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
+        with self._first_update():
+            self._finish_compile_ahead()
+            self.learner.step_actor(batch)
+        return self.read_deferred_actor_metrics() if read_metrics else {}
+
+    def read_deferred_actor_metrics(self) -> dict[str, float]:
+        m = self.learner.single_update_metrics()
+        if not m:
+            return {}
+        return {
+            "Loss/actor": m["actor_loss"],
+            "Loss/entropy": m["entropy"],
+            "Policy/temperature": m["temperature"],
+            "Loss/temperature": m["temperature_loss"],
+        }
+
+    def soft_update_target(self) -> None:
+        self.learner.step_target()
+
+
+class UniLabFlashSACLearner(_PerUpdatePath):
     supports_deferred_update_metrics = True
 
     def __init__(
@@ -208,6 +251,9 @@ class UniLabFlashSACLearner:
         self.compile_backend = self.cfg.compile_backend if self.use_compile else "eager"
         self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
         self._recorder = ReplayRecorder.from_env()
+        # FLASHSAC_OPT_UPDATE_RUNS_AHEAD=1: the runner leaves out its synchronize after the update
+        # phase (patches/0007) and the metrics come one iteration late (run_ahead.py)
+        self._run_ahead = run_ahead.RunAhead(self.device) if run_ahead.wanted(self.device, self.learner.engine.graph is not None) else None
         self._first_update_seen = False
         self._idle_polls, self._last_idle_poll = 0, 0.0  # use_startup_idle_time's calls: the start-up timeline
         startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=self.learner.engine.mode)
@@ -271,8 +317,13 @@ class UniLabFlashSACLearner:
             # the background mode's switch compiles here, from the child's caches; should the
             # child have failed, cold: then on every CPU rather than UniLab's one worker
             before = (compile_cache_counters(), compile_time_totals()) if switching else None
+            ahead = self._run_ahead
+            if ahead is not None:
+                ahead.begin()
             with self._compile_workers() if switching else contextlib.nullcontext():
-                self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+                inputs_read = self.learner.update(large_batch, updates_per_step=updates_per_step, policy_frequency=policy_frequency)
+            if ahead is not None:
+                ahead.end(self.learner.metrics, self.learner.last_schedule, inputs_read)
             if switching:
                 self._device_work_done("background_compile_switched", **switch_details(before, self.learner.engine, self.compile_ahead_report))
 
@@ -322,42 +373,27 @@ class UniLabFlashSACLearner:
                   f"waited {ahead.waited_s:.1f} s for it", flush=True)
         return False
 
+    @property
+    def update_phase_runs_ahead(self) -> bool:
+        """patches/0007: the runner does not synchronize after the update phase and takes its
+        Perf/learning_time from ``update_phase_seconds``."""
+        return self._run_ahead is not None
+
+    def update_phase_seconds(self) -> float | None:
+        """Running ahead: the device time of the update phase before the last one."""
+        return self._run_ahead.previous_seconds() if self._run_ahead is not None else None
+
     def read_deferred_cycle_metrics(self) -> dict[str, float]:
-        metrics = self.learner.read_metrics()
+        if self._run_ahead is None:
+            metrics = self.learner.read_metrics()
+        else:  # the phase before the last one: the last may still run
+            previous = self._run_ahead.previous_metrics()
+            if previous is None:
+                return {}
+            rows, schedule = previous
+            metrics = unilab_metrics(rows, schedule.updates_per_step, schedule.policy_frequency,
+                                     reward_normalized=self.reward_normalizer is not None)
         return {k: v for k, v in metrics.items() if k in UNILAB_CYCLE_METRICS}
-
-    # ------------------------------------------------------------ per update
-    def update_critic(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
-        with self._first_update():
-            self._finish_compile_ahead()
-            self.learner.step_critic(batch)
-        if not read_metrics:
-            return {}
-        m = self.learner.single_update_metrics()
-        out = {"Loss/critic": m["critic_loss"]}
-        if self.reward_normalizer is not None:
-            out["Train/reward_scale_std"] = m["reward_scale_std"]
-        return out
-
-    def update_actor(self, batch: dict[str, torch.Tensor], *, read_metrics: bool = True) -> dict[str, float]:
-        with self._first_update():
-            self._finish_compile_ahead()
-            self.learner.step_actor(batch)
-        return self.read_deferred_actor_metrics() if read_metrics else {}
-
-    def read_deferred_actor_metrics(self) -> dict[str, float]:
-        m = self.learner.single_update_metrics()
-        if not m:
-            return {}
-        return {
-            "Loss/actor": m["actor_loss"],
-            "Loss/entropy": m["entropy"],
-            "Policy/temperature": m["temperature"],
-            "Loss/temperature": m["temperature_loss"],
-        }
-
-    def soft_update_target(self) -> None:
-        self.learner.step_target()
 
     # ------------------------------------------------------------ runtime hooks
     def update_reward_stats(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
@@ -456,6 +492,7 @@ class UniLabFlashSACLearner:
         if not callable(sync):
             raise TypeError(f"set_gradient_sync expects UniLab's gradient all-reduce (a callable) or None, got {type(sync).__name__}")
         self._gradient_sync = sync
+        self._run_ahead = None  # the collectives' ordering across ranks is not what run_ahead.py reasons about
         # UniLab's training.dp_gradient_wire_dtype, as its DpParameterSync holds it (the callable is
         # that object's bound allreduce_gradients): flashsac_opt's averager sends the gradient so too
         self._gradient_wire_dtype = str(getattr(getattr(sync, "__self__", None), "gradient_wire_dtype", "float32"))

@@ -1,0 +1,104 @@
+"""The learner's update phase running ahead of UniLab's runner (patches/0007).
+
+UniLab 1.5.2's off-policy runner synchronizes the device after every update phase and then reads
+the phase's metrics, so everything its host does between two updates (the iteration's logging,
+its bookkeeping, the wait for the collector's next request and the inference it then serves)
+follows the update instead of overlapping it: at U64 on one GPU about 7 ms of a 41-ms iteration
+besides the update's 34 ms (results/time_to_reward/protocol_u64_mps_short_h200_2026-12-06). With
+``FLASHSAC_OPT_UPDATE_RUNS_AHEAD=1`` the learner tells the patched runner
+(``update_phase_runs_ahead``) to leave that synchronize out, and keeps every ordering the
+synchronize gave on its own:
+
+- the replay batch: UniLab's pipeline gathers the batch two ticks ahead into the slot this
+  update read, on a stream of its own, without waiting for the learner's stream. An update cycle
+  therefore returns only once the captured graph's copy of the batch has run (``Engine.run``'s
+  event). The device has then also finished what was queued before it (the inference the runner
+  just served, the previous update), which the collector's request already waited for, so the
+  wait is short; an uncaptured iteration reads the batch throughout and is waited for whole;
+- the actor the next inference uses, the reward statistics, checkpoints: all on the learner's
+  stream, after the update, as before;
+- metrics: each phase's buffer is copied to pinned host memory behind it; the runner gets the
+  previous phase's (one iteration late; the first iteration logs none), which is complete once
+  the current cycle returns;
+- ``Perf/learning_time``: the previous phase's device time (CUDA events around it) instead of the
+  host's time around a launch.
+
+CUDA and graph mode only, without data parallelism (the adapter decides); off by default until
+measured on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from flashsac_opt.compile_ahead import on_off_switch
+
+SWITCH = "FLASHSAC_OPT_UPDATE_RUNS_AHEAD"
+
+
+def wanted(device: torch.device, captures_iteration: bool) -> bool:
+    """The switch (``0`` by default; 0/off or 1/on, anything else is refused), for a learner that
+    can use it: a CUDA device and graph mode (``captures_iteration``: the captured iteration
+    copies its batch, so the pipeline's slot is free long before the update ends)."""
+    return on_off_switch(SWITCH, "0") and torch.device(device).type == "cuda" and captures_iteration
+
+
+class RunAhead:
+    """One update phase in flight: its metrics' host copies and device times, two deep."""
+
+    def __init__(self, device: torch.device, event: Callable[..., Any] = torch.cuda.Event):
+        self.device = torch.device(device)
+        self._event = event
+        self.phases = 0  # update phases ended so far
+        self._host: list[torch.Tensor | None] = [None, None]  # pinned copies of the metrics buffer
+        self._schedule: list[Any] = [None, None]
+        self._times: list[tuple[Any, Any] | None] = [None, None]  # (start, end) events
+        self._start: Any = None
+
+    def begin(self) -> None:
+        """Before the phase's work is queued."""
+        self._start = self._event(enable_timing=True)
+        self._start.record()
+
+    def end(self, metrics: torch.Tensor, schedule: Any, inputs_read: Any) -> None:
+        """After the phase's work is queued: queue the copy of ``metrics`` (the phase's buffer),
+        then wait until the phase no longer reads its batch (``inputs_read``: the captured
+        graph's copy; None: the whole phase)."""
+        if self._start is None:
+            raise RuntimeError("RunAhead.end() without begin()")
+        finish = self._event(enable_timing=True)
+        finish.record()
+        slot = self.phases % 2
+        host = self._host[slot]
+        if host is None or host.shape != metrics.shape:
+            host = torch.empty(metrics.shape, dtype=metrics.dtype, pin_memory=self.device.type == "cuda")
+            self._host[slot] = host
+        host.copy_(metrics, non_blocking=True)
+        self._schedule[slot] = schedule
+        self._times[slot] = (self._start, finish)
+        self._start = None
+        self.phases += 1
+        (inputs_read if inputs_read is not None else finish).synchronize()
+
+    def _previous(self) -> int | None:
+        return (self.phases - 2) % 2 if self.phases >= 2 else None
+
+    def previous_metrics(self) -> tuple[list[list[float]], Any] | None:
+        """The phase before the last one: its metrics rows and its schedule (None before the
+        second phase). Complete: the last phase's wait in ``end`` came after it."""
+        slot = self._previous()
+        if slot is None:
+            return None
+        self._times[slot][1].synchronize()  # already done; the host copy is ordered before the next phase
+        return self._host[slot].tolist(), self._schedule[slot]
+
+    def previous_seconds(self) -> float | None:
+        """The device time of the phase before the last one (None before the second phase)."""
+        slot = self._previous()
+        if slot is None:
+            return None
+        start, finish = self._times[slot]
+        finish.synchronize()
+        return start.elapsed_time(finish) / 1000.0
