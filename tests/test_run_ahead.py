@@ -106,7 +106,8 @@ def test_running_ahead_gives_the_synchronizing_loops_state_and_metrics(monkeypat
         monkeypatch.setenv(run_ahead.SWITCH, "1" if ahead else "0")
         torch.manual_seed(0)
         torch.cuda.manual_seed(0)
-        learner = build_unilab_learner(device="cuda", **dims, learner_mode="graph", batch_size=batch_size, updates_per_step=updates)
+        learner = build_unilab_learner(device="cuda", **dims, learner_mode="graph", batch_size=batch_size, updates_per_step=updates,
+                                       precompiled_steps=False)  # both learners the same way: traced
         assert learner.update_phase_runs_ahead is ahead
         pipeline = torch.cuda.Stream()
         slots = [{k: torch.empty_like(v) for k, v in ticks[0].items()} for _ in range(2)]
