@@ -16,16 +16,39 @@ from flashsac_opt.unilab import run_ahead
 from flashsac_opt.unilab.run_ahead import RunAhead
 
 
-def test_the_switch_is_off_by_default_and_needs_cuda_and_a_captured_iteration(monkeypatch):
+def test_the_switch_is_off_by_default_and_refuses_other_values(monkeypatch):
     monkeypatch.delenv(run_ahead.SWITCH, raising=False)
-    assert not run_ahead.wanted(torch.device("cuda"), True)
+    assert not run_ahead.wanted()
     monkeypatch.setenv(run_ahead.SWITCH, "1")
-    assert run_ahead.wanted(torch.device("cuda"), True)
-    assert not run_ahead.wanted(torch.device("cuda"), False)  # compile or eager mode
-    assert not run_ahead.wanted(torch.device("cpu"), True)
+    assert run_ahead.wanted()
     monkeypatch.setenv(run_ahead.SWITCH, "sometimes")
     with pytest.raises(ValueError, match="FLASHSAC_OPT_UPDATE_RUNS_AHEAD"):
-        run_ahead.wanted(torch.device("cuda"), True)
+        run_ahead.wanted()
+
+
+def test_on_the_cpu_a_cycle_is_done_when_it_returns_and_its_metrics_come_one_late(monkeypatch):
+    from flashsac_opt.testing.oracle import synthetic_batch
+    from flashsac_opt.unilab.adapter import build_unilab_learner
+
+    monkeypatch.setenv("FLASHSAC_OPT_COMPILE_AHEAD", "0")
+    gen = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(4 * 32, 12, 16, 4, gen) for _ in range(3)]
+    logged = {}
+    for ahead in (False, True):
+        monkeypatch.setenv(run_ahead.SWITCH, "1" if ahead else "0")
+        torch.manual_seed(0)
+        learner = build_unilab_learner(device="cpu", obs_dim=12, critic_obs_dim=16, action_dim=4, learner_mode="eager", batch_size=32, updates_per_step=4)
+        assert learner.update_phase_runs_ahead is ahead
+        logged[ahead], seconds = [], []
+        for batch in batches:
+            learner.update_cycle(batch, updates_per_step=4, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+            logged[ahead].append(learner.read_deferred_cycle_metrics())
+            seconds.append(learner.update_phase_seconds())
+        if ahead:
+            assert seconds[0] is None and all(s > 0 for s in seconds[1:])
+        else:
+            assert seconds == [None] * 3
+    assert logged[True] == [{}] + logged[False][:-1] and logged[False][0]
 
 
 class _Clock:

@@ -280,11 +280,14 @@ def test_adapter_rejects_what_it_does_not_support(require_unilab):
 
 # ------------------------------------------------------------------ real training
 def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
-    """`train --algo flashsac --task g1_walk_flat --sim mujoco`, 16 envs, CPU, patched UniLab."""
+    """`train --algo flashsac --task g1_walk_flat --sim mujoco`, 16 envs, CPU, patched UniLab, the
+    update phase running ahead of the runner (patches/0007: the runner's path without its
+    synchronize; the non-running-ahead path is the training benchmark's CPU test's)."""
     unilab_patch.apply(site, include_optional=True)
     scene = add_g1_placeholders(site / "unilab")
     logs = tmp_path / "logs"
-    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled")
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled",
+               FLASHSAC_OPT_UPDATE_RUNS_AHEAD="1")
     proc = subprocess.run(
         g1_cpu_training(scene, logs, f"algo.algo_params.compile_cache_file={tmp_path / 'cc.bin'}"),
         env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,  # Hydra writes train_flashsac.log into the cwd
@@ -308,6 +311,10 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {"Loss/critic", "Loss/actor", "Policy/temperature", "Perf/learning_time"} <= tags
     assert all(torch.isfinite(torch.tensor(e.value)) for e in events.Scalars("Loss/critic"))
+    # running ahead, each iteration logs the previous one's losses: the first logs none
+    timed = [e.step for e in events.Scalars("Perf/learning_time")]
+    assert [e.step for e in events.Scalars("Loss/critic")] == timed[1:] and len(timed) >= 6
+    assert all(e.value > 0 for e in events.Scalars("Perf/learning_time"))
 
     # Stock (unpatched) UniLab's own `eval` plays the checkpoint flashsac_opt wrote.
     from unilab_tree import stock_eval

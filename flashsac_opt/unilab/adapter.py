@@ -253,7 +253,7 @@ class UniLabFlashSACLearner(_PerUpdatePath):
         self._recorder = ReplayRecorder.from_env()
         # FLASHSAC_OPT_UPDATE_RUNS_AHEAD=1: the runner leaves out its synchronize after the update
         # phase (patches/0007) and the metrics come one iteration late (run_ahead.py)
-        self._run_ahead = run_ahead.RunAhead(self.device) if run_ahead.wanted(self.device, self.learner.engine.graph is not None) else None
+        self._run_ahead = run_ahead.RunAhead(self.device) if run_ahead.wanted() else None
         self._first_update_seen = False
         self._idle_polls, self._last_idle_poll = 0, 0.0  # use_startup_idle_time's calls: the start-up timeline
         startup_event("learner_constructed", compile_ahead=self._compile_ahead is not None, learner_mode=self.learner.engine.mode)

@@ -23,12 +23,15 @@ synchronize gave on its own:
 - ``Perf/learning_time``: the previous phase's device time (CUDA events around it) instead of the
   host's time around a launch.
 
-CUDA and graph mode only, without data parallelism (the adapter decides); off by default until
-measured on the GPU.
+Only graph mode on CUDA gains: elsewhere the cycle reads its batch itself and is waited for
+whole (as the runner's synchronize did), and on the CPU the work is done when it is queued (host
+timestamps stand in for events), which lets a CPU training exercise the patched runner's path.
+Off by default until measured on the GPU; never with data parallelism (the adapter decides).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -38,19 +41,33 @@ from flashsac_opt.compile_ahead import on_off_switch
 SWITCH = "FLASHSAC_OPT_UPDATE_RUNS_AHEAD"
 
 
-def wanted(device: torch.device, captures_iteration: bool) -> bool:
-    """The switch (``0`` by default; 0/off or 1/on, anything else is refused), for a learner that
-    can use it: a CUDA device and graph mode (``captures_iteration``: the captured iteration
-    copies its batch, so the pipeline's slot is free long before the update ends)."""
-    return on_off_switch(SWITCH, "0") and torch.device(device).type == "cuda" and captures_iteration
+def wanted() -> bool:
+    """The switch: ``0`` by default; 0/off or 1/on, anything else is refused."""
+    return on_off_switch(SWITCH, "0")
+
+
+class HostEvent:
+    """A CUDA event's interface for CPU work, which is done when it is queued."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: "HostEvent") -> float:  # milliseconds, as CUDA's
+        return (other.at - self.at) * 1000.0
 
 
 class RunAhead:
     """One update phase in flight: its metrics' host copies and device times, two deep."""
 
-    def __init__(self, device: torch.device, event: Callable[..., Any] = torch.cuda.Event):
+    def __init__(self, device: torch.device, event: Callable[..., Any] | None = None):
         self.device = torch.device(device)
-        self._event = event
+        self._event = event or (torch.cuda.Event if self.device.type == "cuda" else HostEvent)
         self.phases = 0  # update phases ended so far
         self._host: list[torch.Tensor | None] = [None, None]  # pinned copies of the metrics buffer
         self._schedule: list[Any] = [None, None]
