@@ -3,8 +3,8 @@
 On the CPU: the switch, and RunAhead's bookkeeping with a stand-in for CUDA events that keeps a
 log of what was recorded and waited for. On the GPU: a runner-like loop whose replay slots are
 overwritten, on a stream of their own, as soon as an update cycle returns (UniLab's pipeline
-does so two ticks later) ends with the same learner state, bit for bit, and the same metrics
-one iteration late, as the synchronizing loop.
+does so two ticks later) ends with the synchronizing loop's learner state (to the last bits two
+separately captured learners differ by) and logs its metrics one iteration late.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_a_phase_that_reads_its_batch_itself_is_waited_for_whole():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_running_ahead_gives_the_synchronizing_loops_state_and_metrics(monkeypatch):
-    from flashsac_opt.testing.oracle import synthetic_batch, tensor_mismatches
+    from flashsac_opt.testing.oracle import synthetic_batch, tensor_differences
     from flashsac_opt.unilab.adapter import build_unilab_learner
 
     monkeypatch.setenv("FLASHSAC_OPT_COMPILE_AHEAD", "0")
@@ -156,4 +156,8 @@ def test_running_ahead_gives_the_synchronizing_loops_state_and_metrics(monkeypat
     state_sync, logged_sync = train(False)
     state_ahead, logged_ahead = train(True)
     assert logged_ahead[0] == {} and logged_ahead[1:] == logged_sync[:-1] and logged_sync[0]
-    assert tensor_mismatches(state_ahead, state_sync) == {}
+    # Two learners built and captured apart differ in the last bits on the GPU (the H100 of
+    # 2026-12-07: 1e-9 relative in the critic after 6 iterations, with the same logged losses);
+    # a batch overwritten before the graph copied it would bring NaN or a different batch
+    differences = tensor_differences(state_ahead, state_sync)
+    assert differences and all(rel < 1e-6 for _, rel in differences.values()), differences  # NaN fails too
