@@ -296,6 +296,10 @@ class CompileAhead:
                 "networks": share,  # None: every network
                 # Global settings in Inductor's FX-graph cache key: the child takes the parent's.
                 "matmul_settings": matmul_settings(),
+                # and the thread count, in Dynamo's global-state guard (a precompiled step saved
+                # under another count is refused): UniLab sets the learner's after launch, after a
+                # prespawned child imported torch with the launch's
+                "torch_threads": torch.get_num_threads(),
                 "report": str(report_file),
                 "parent": os.getpid(),
             }
@@ -518,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "--wait":  # prespawned: the imports above are done, the spec comes later
         _exit_when_orphaned(int(args[2]))
-        import torch._inductor.compile_fx  # noqa: F401 - the compile's own imports, before the spec too
+        from torch._inductor import compile_fx  # noqa: F401 - the compile's own imports, before the spec too
 
         spec = _wait_for_spec(Path(args[1]))
         if spec is None:
@@ -534,12 +538,14 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m flashsac_opt.compile_ahead SPEC.json | --wait SPEC.json PARENT_PID", file=sys.stderr)
         return 2
     apply_matmul_settings(spec["matmul_settings"])
+    if spec.get("torch_threads") and torch.get_num_threads() != spec["torch_threads"]:
+        torch.set_num_threads(spec["torch_threads"])
     cfg, dims = FlashSACConfig(**spec["config"]), spec["dims"]
     with parallel_compile():  # the parent's TORCHINDUCTOR_COMPILE_THREADS (UniLab's budget) is inherited
         learner = FlashSACLearner(cfg, dims["obs_dim"], dims["critic_obs_dim"], dims["action_dim"], device=spec["device"])
         if spec.get("networks"):
             learner.engine.compile_only(spec["networks"])
-        report = {**precompile(learner), "networks": spec.get("networks")}
+        report = {**precompile(learner), "networks": spec.get("networks"), "torch_threads": torch.get_num_threads()}
     tmp = Path(spec["report"] + ".tmp")
     tmp.write_text(json.dumps(report))
     os.replace(tmp, spec["report"])

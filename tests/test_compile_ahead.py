@@ -470,13 +470,16 @@ if sys.argv[2] == "prespawned":  # children started "at launch" with another Ind
     os.environ.update({"TORCHINDUCTOR_CACHE_DIR": real + "_at_launch", compile_ahead.PRESPAWN_ENV: "1", compile_ahead.ENV_SWITCH: "background"})
     assert compile_ahead.prespawn(cuda_required=False) is not None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = real
+    torch.set_num_threads(1)  # as UniLab's thread budget sets the learner's after launch: the children take it
 if sys.argv[2] != "from_file":  # from_file: another machine's first run, with only the file
     shares = SPLIT_SHARES if sys.argv[2].startswith("split") or sys.argv[2] == "prespawned" else None
     ahead = CompileAhead(cfg, dict(zip(("obs_dim", "critic_obs_dim", "action_dim"), dims)), device, shares=shares)
     ok, child_s, prespawned = ahead.wait(), ahead.report and ahead.report["seconds"], ahead.prespawned
 learner = FlashSACLearner(cfg, *dims, device=device)
 report = precompile(learner)
-print(json.dumps({"precompiled_steps": learner.engine.precompiled_report(), "ok": ok, "prespawned": prespawned, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
+child_threads = sorted({c.get("torch_threads") for c in (ahead.report or {}).get("children", [ahead.report or {}])}) if sys.argv[2] != "from_file" else []
+print(json.dumps({"child_threads": child_threads, "threads": torch.get_num_threads(),
+                  "precompiled_steps": learner.engine.precompiled_report(), "ok": ok, "prespawned": prespawned, "child_s": child_s, "parent_s": report["seconds"], "loaded": report["compile_cache_loaded"],
                   "saved": report["compile_cache_saved"],
                   "hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"],
                   "keyed_dir_files": sorted(str(p.relative_to(sys.argv[4])) for p in Path(sys.argv[4]).rglob("*.bin"))}))
@@ -518,8 +521,10 @@ def test_the_training_process_compiles_from_what_the_child_compiled(tmp_path, de
         assert sorted(Path(f).name for f in report["keyed_dir_files"]) == ["actor.bin", "critic-True.bin"], report
         return
     assert report["ok"] and report["hits"] > 0 and report["misses"] == 0, report
-    # prespawned: the children started before the learner existed were the ones that compiled
+    # prespawned: the children started before the learner existed were the ones that compiled,
+    # with the thread count this process had when it wrote their specs
     assert report["prespawned"] is (True if children == "prespawned" else False), report
+    assert report["child_threads"] == [report["threads"]], report
     # one child writes the keyed file and this process loads it; split children write none (each
     # holds one share) and this process writes it from what it found in the caches
     assert (report["loaded"], report["saved"]) == ((True, False) if children == "one" else (False, True)), report
