@@ -16,11 +16,11 @@ from flashsac_opt.unilab import run_ahead
 from flashsac_opt.unilab.run_ahead import RunAhead
 
 
-def test_the_switch_is_off_by_default_and_refuses_other_values(monkeypatch):
+def test_the_switch_is_on_by_default_and_refuses_other_values(monkeypatch):
     monkeypatch.delenv(run_ahead.SWITCH, raising=False)
-    assert not run_ahead.wanted()
-    monkeypatch.setenv(run_ahead.SWITCH, "1")
     assert run_ahead.wanted()
+    monkeypatch.setenv(run_ahead.SWITCH, "0")
+    assert not run_ahead.wanted()
     monkeypatch.setenv(run_ahead.SWITCH, "sometimes")
     with pytest.raises(ValueError, match="FLASHSAC_OPT_UPDATE_RUNS_AHEAD"):
         run_ahead.wanted()

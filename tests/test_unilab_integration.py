@@ -239,6 +239,8 @@ def test_adapter_serves_the_runner_surface_and_stock_unilab_loads_its_checkpoint
     batch = synthetic_batch(64, 98, 101, 29, generator=g)
     assert learner.use_update_cycle
     learner.update_cycle(batch, updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
+    assert learner.update_phase_runs_ahead and learner.read_deferred_cycle_metrics() == {}  # the default: one iteration late
+    learner.update_cycle(batch, updates_per_step=2, policy_frequency=2, target_frequency=1, policy_before_critic=False)
     metrics = learner.read_deferred_cycle_metrics()
     assert set(metrics) == {"Loss/critic", "Train/reward_scale_std", "Loss/actor", "Loss/entropy", "Policy/temperature", "Loss/temperature"}
     normalize_metric_map(metrics)  # UniLab's logger accepts every name
@@ -281,8 +283,8 @@ def test_adapter_rejects_what_it_does_not_support(require_unilab):
 # ------------------------------------------------------------------ real training
 def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     """`train --algo flashsac --task g1_walk_flat --sim mujoco`, 16 envs, CPU, patched UniLab, the
-    update phase running ahead of the runner (patches/0007: the runner's path without its
-    synchronize; the non-running-ahead path is the training benchmark's CPU test's)."""
+    update phase running ahead of the runner (the default, patches/0007: the runner's path without
+    its synchronize; the synchronizing path is the training benchmark's CPU test's)."""
     unilab_patch.apply(site, include_optional=True)
     scene = add_g1_placeholders(site / "unilab")
     logs = tmp_path / "logs"

@@ -251,8 +251,8 @@ class UniLabFlashSACLearner(_PerUpdatePath):
         self.compile_backend = self.cfg.compile_backend if self.use_compile else "eager"
         self.amp_policy = {"enabled": self.learner.amp_dtype is not None, "dtype": str(self.learner.amp_dtype or torch.float32)}
         self._recorder = ReplayRecorder.from_env()
-        # FLASHSAC_OPT_UPDATE_RUNS_AHEAD=1: the runner leaves out its synchronize after the update
-        # phase (patches/0007) and the metrics come one iteration late (run_ahead.py)
+        # the runner leaves out its synchronize after the update phase (patches/0007) and the
+        # metrics come one iteration late (run_ahead.py; FLASHSAC_OPT_UPDATE_RUNS_AHEAD=0: not)
         self._run_ahead = run_ahead.RunAhead(self.device) if run_ahead.wanted() else None
         self._first_update_seen = False
         self._idle_polls, self._last_idle_poll = 0, 0.0  # use_startup_idle_time's calls: the start-up timeline
