@@ -389,7 +389,8 @@ def trainings_command(args, runs: list[str], seconds: float, *extra: str) -> lis
     return [sys.executable, str(TRAININGS), "--updates", str(args.updates), "--batch", str(args.batch), "--envs", str(args.envs),
             "--replay-buffer-n", str(args.replay_buffer_n), "--learning-starts", str(args.learning_starts), "--no-eval",
             "--time-limit", f"{seconds:.0f}", "--out", str(args.out), "--work", str(args.work),
-            *(["--stack-samples", f"{args.stack_samples:g}"] if args.stack_samples else []), *extra, *runs]
+            *(["--stack-samples", f"{args.stack_samples:g}"] if args.stack_samples else []),
+            *[a for o in getattr(args, "override", []) for a in ("--override", o)], *extra, *runs]
 
 
 def startup_pair_row(report: dict) -> dict:
@@ -486,7 +487,7 @@ def protocol_main(args) -> int:
                  "then start-up pairs on the warm cache, UniLab's spawned collector against the preloaded one"),
         "targets": TARGETS, "learners": done, "verdicts": verdicts, "startup_pairs": pairs,
         "warm_cache_from_an_earlier_call": args.warm_cache,
-        "configuration": {k: getattr(args, k) for k in ("updates", "batch", "envs", "replay_buffer_n", "learning_starts", "iterations", "seeds")},
+        "configuration": {k: getattr(args, k) for k in ("updates", "batch", "envs", "replay_buffer_n", "learning_starts", "iterations", "seeds", "override")},
         "cuda_mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
     }
     figures = args.figures or args.out
@@ -553,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-seed-limit", type=float, default=200.0, help="seconds for the cold seed (its start, compile and run to 30)")
     p.add_argument("--startup-pairs", type=int, default=0, help="then this many pairs of short warm starts, spawn vs preloaded collector")
     p.add_argument("--stack-samples", type=float, metavar="SECONDS")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Hydra override for every training (repeatable; recorded in the JSON's configuration)")
     p.add_argument("--figures", type=Path, help="where the figures go (default: --out)")
     p.add_argument("--time-limit", type=float, default=580.0, help="seconds for everything")
     p.add_argument("--last", type=int, default=500)

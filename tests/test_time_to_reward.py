@@ -476,3 +476,12 @@ def test_the_protocol_refuses_a_shared_cache_for_two_learners_and_pairs_without_
     with pytest.raises(SystemExit):
         ttr.main([*base, "--warm-cache", "--startup-pairs", "1"])
     assert "--warm-cache runs seeds only" in capsys.readouterr().err
+
+
+def test_the_protocol_passes_its_overrides_to_every_training(tmp_path, capsys):
+    # a variant of the recipe (here TensorBoard written every 10 iterations) reaches each seed's training
+    override = "training.log_interval=10"
+    assert ttr.main(["protocol", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--dry-run", "--override", override]) in (0, None)
+    printed = capsys.readouterr().out
+    commands = [line for line in printed.splitlines() if "trainings.py" in line]
+    assert len(commands) == 2 and all(f"--override {override}" in line for line in commands), printed
