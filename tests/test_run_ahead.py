@@ -93,6 +93,8 @@ def test_metrics_and_times_come_one_phase_late_from_alternating_host_copies():
     _phase(ahead, clock, 2.0, 0.040, "s2", inputs_read=clock.event())
     rows, schedule = ahead.previous_metrics()
     assert rows == [[1.0, 1.0]] * 3 and schedule == "s1"
+    # the host read waits for the event recorded after the copy, not for the phase's end
+    assert clock.log[-1] == ("wait", ahead._copied[0]) and ahead._copied[0] is not ahead._times[0][1]
     assert ahead.previous_seconds() == pytest.approx(0.030)
     _phase(ahead, clock, 3.0, 0.050, "s3", inputs_read=clock.event())
     rows, schedule = ahead.previous_metrics()

@@ -74,6 +74,7 @@ class RunAhead:
         self._host: list[torch.Tensor | None] = [None, None]  # pinned copies of the metrics buffer
         self._schedule: list[Any] = [None, None]
         self._times: list[tuple[Any, Any] | None] = [None, None]  # (start, end) events
+        self._copied: list[Any] = [None, None]  # recorded after each host copy
         self._start: Any = None
 
     def begin(self) -> None:
@@ -95,6 +96,9 @@ class RunAhead:
             host = torch.empty(metrics.shape, dtype=metrics.dtype, pin_memory=self.device.type == "cuda")
             self._host[slot] = host
         host.copy_(metrics, non_blocking=True)
+        copied = self._event()
+        copied.record()
+        self._copied[slot] = copied
         self._schedule[slot] = schedule
         self._times[slot] = (self._start, finish)
         self._start = None
@@ -110,7 +114,7 @@ class RunAhead:
         slot = self._previous()
         if slot is None:
             return None
-        self._times[slot][1].synchronize()  # already done; the host copy is ordered before the next phase
+        self._copied[slot].synchronize()  # done already: the last phase's wait in ``end`` came after it
         return self._host[slot].tolist(), self._schedule[slot]
 
     def previous_seconds(self) -> float | None:
