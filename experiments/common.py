@@ -157,6 +157,14 @@ def compile_bytecode(*paths: Path) -> float:
     return time.perf_counter() - start
 
 
+def collector_start_wait_s(timeline: dict) -> float | None:
+    """The runner's wait for its collector's ready signal, from a training's start-up timeline
+    (patches/0004's polls: the start-up compile runs inside it); None where it was not recorded."""
+    if {"collector_start_wait_s", "collector_start_wait_end_s"} <= timeline.keys():
+        return timeline["collector_start_wait_end_s"] - timeline["collector_start_wait_s"]
+    return None
+
+
 def host_share() -> dict:
     """What of the host this process had (cores, GPUs, MPS), and FLASHSAC_RUN_NOTE, a note
     whoever started it left (the device driver's side-by-side jobs did, up to commit 2f362b4)."""

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/: common, report
-from common import REWARD_WINDOW, moving_mean, percentile, read_json, training_reports, write_report  # noqa: E402
+from common import REWARD_WINDOW, collector_start_wait_s, moving_mean, percentile, read_json, training_reports, write_report  # noqa: E402
 from device.trainings import run_tag as trainings_run_tag  # noqa: E402
 from report import plotting  # noqa: E402
 from report.summarize_startup import phases as startup_phases  # noqa: E402
@@ -390,17 +390,15 @@ def trainings_command(args, runs: list[str], seconds: float, *extra: str) -> lis
             "--replay-buffer-n", str(args.replay_buffer_n), "--learning-starts", str(args.learning_starts), "--no-eval",
             "--time-limit", f"{seconds:.0f}", "--out", str(args.out), "--work", str(args.work),
             *(["--stack-samples", f"{args.stack_samples:g}"] if args.stack_samples else []),
-            *[a for o in getattr(args, "override", []) for a in ("--override", o)], *extra, *runs]
+            *[a for o in args.override for a in ("--override", o)], *extra, *runs]
 
 
 def startup_pair_row(report: dict) -> dict:
     """A start-up pair member: launch -> first update and the runner's wait for its collector."""
     timeline = report.get("startup_timeline") or {}
     rows = report.get("rows_all") or []
-    wait = (timeline["collector_start_wait_end_s"] - timeline["collector_start_wait_s"]
-            if {"collector_start_wait_s", "collector_start_wait_end_s"} <= timeline.keys() else None)
     return {"first_update_s": rows[0]["wall_s"] if rows else None, "learner_constructed_s": timeline.get("learner_constructed_s"),
-            "collector_start_wait_s": wait, "phases_s": startup_phases(timeline) if timeline else None}
+            "collector_start_wait_s": collector_start_wait_s(timeline), "phases_s": startup_phases(timeline) if timeline else None}
 
 
 def protocol_verdicts(runs: list[dict]) -> dict:

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common
-from common import compile_bytecode, run_environment, write_report  # noqa: E402
+from common import collector_start_wait_s, compile_bytecode, run_environment, write_report  # noqa: E402
 from device.trainings import cli, copy_installed_unilab, prebuild_native_extension  # noqa: E402
 
 TRAIN = Path(__file__).resolve().parents[1] / "benchmark_flashsac_training.py"
@@ -101,11 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             if k < 0:
                 continue
             compile_at = next((p for p in ("startup_idle_compile", "prepare_for_collection") if f"{p}_end_s" in timeline), None)
-            wait = (round(timeline["collector_start_wait_end_s"] - timeline["collector_start_wait_s"], 3)
-                    if {"collector_start_wait_s", "collector_start_wait_end_s"} <= timeline.keys() else None)
+            wait = collector_start_wait_s(timeline)
             runs.append({"round": k, "patch": side, "learner_constructed_s": timeline.get("learner_constructed_s"),
                          # the runner's wait for its collector's ready signal (the start-up compile inside it)
-                         "collector_start_wait_s": wait,
+                         "collector_start_wait_s": round(wait, 3) if wait is not None else None,
                          # the start-up compile (in the runner's wait, or at prepare_for_collection)
                          "startup_compile_s": round(timeline[f"{compile_at}_end_s"] - timeline[f"{compile_at}_start_s"], 3) if compile_at else None,
                          "first_update_s": rows[0]["wall_s"] if rows and "wall_s" in rows[0] else None})
