@@ -7,7 +7,8 @@ its panel does, iter_ms = Perf/iteration_time, reward); rows, the summarized tai
 N, or all after --skip-first N), with mean / median / p90 / p95 of each timing; training_config;
 environment; command; for flashsac_opt's learner startup_timeline (seconds from launch to its
 construction, start-up compile, first update); with --stack-samples S startup_stacks (where each
-Python process of the training spent its time until the first update).
+Python process of the training spent its time until the first update); host_load (Linux: the
+CPU each process of the training used from its first update on, and what ran outside it).
 
     python experiments/benchmark_flashsac_training.py --learner flashsac_opt --mode graph \\
         --num-envs 256 --batch-size 256 --updates-per-step 8 --iterations 1000 --summary-last 500 \\
@@ -39,9 +40,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from common import REWARD_WINDOW, moving_mean, percentile, run_environment, sigint_default_in_child
 from report import startup_stacks
+from report.host_load import HostLoad
 
 REPO = Path(__file__).resolve().parents[1]
 # UniLab's collector cycle phases (rl/logging/offpolicy.py, role "cycle_phase"); used when
@@ -195,12 +198,16 @@ def describe_timeline(timeline: dict | None) -> str:
 
 
 def run_training(command: list[str], env: dict, cwd: Path, time_limit: float | None,
-                 watch: RewardWatch | None = None, poll_s: float = 5.0) -> tuple[int, str | None]:
+                 watch: RewardWatch | None = None, poll_s: float = 5.0,
+                 on_start: Callable[[int], object] | None = None) -> tuple[int, str | None]:
     """Run UniLab's train; past time_limit, or once ``watch`` sees its reward, interrupt it as
-    Ctrl-C would. -> (exit status, None or why it was stopped: "time_limit" or "reward")."""
+    Ctrl-C would; on_start gets the training's process id. -> (exit status, None or why it was
+    stopped: "time_limit" or "reward")."""
     # Own process group: the interrupt reaches UniLab's collector processes too, as a
     # terminal's Ctrl-C does, and UniLab's cooperative shutdown closes its event writers.
     proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, preexec_fn=sigint_default_in_child())
+    if on_start is not None:
+        on_start(proc.pid)
     deadline = None if time_limit is None else time.monotonic() + time_limit
     while True:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -325,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="sample the Python stacks of train and every process it starts every SECONDS for their first "
                              "--stack-samples-for seconds (report/startup_stacks.py): where the start-up goes (startup_stacks)")
     parser.add_argument("--stack-samples-for", type=float, default=300.0, metavar="SECONDS")
+    parser.add_argument("--host-load", type=float, default=1.0, metavar="SECONDS",
+                        help="sample /proc every SECONDS (0: off) for the CPU the training's processes and everything else "
+                             "on the host used (report/host_load.py; host_load in the JSON)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.time_limit is not None and args.time_limit <= 0:
@@ -378,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     cache = inductor_cache_at_launch()
     launched = time.time()
     watch = None if args.stop_at_reward is None else RewardWatch(log_root, args.stop_at_reward)
-    returncode, stop_reason = run_training(command, env, log_root, args.time_limit, watch)
+    load = HostLoad(interval_s=args.host_load) if args.host_load > 0 and HostLoad.available() else None
+    returncode, stop_reason = run_training(command, env, log_root, args.time_limit, watch,
+                                           on_start=None if load is None else load.start)
     stopped = stop_reason == "time_limit"
     runs = sorted(log_root.glob("*/*/events.out.tfevents.*"))
     if (returncode != 0 and stop_reason is None) or (not runs and not stopped):
@@ -394,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         within = [r for r in rows_all if r["wall_s"] <= args.time_limit]
         past_limit, rows_all = len(rows_all) - len(within), within
     timeline = startup_timeline(events, launched)
+    # the host from the first update on (the start-up's own CPU use is in startup_stacks)
+    host_load = None if load is None else load.stop(launched, since_s=rows_all[0]["wall_s"] if rows_all else 0.0,
+                                                   until_s=rows_all[-1]["wall_s"] if rows_all else None)
     stack_report = switch_stacks = None
     if args.stack_samples:  # where each process was until the first update (all of it when there was none)
         until = (timeline or {}).get("first_update_start_s") or (rows_all[0]["wall_s"] if rows_all else None)
@@ -473,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup_stacks": stack_report,
         # --stack-samples with compile ahead in the background: the switch, frames inside torch
         "switch_stacks": switch_stacks,
+        "host_load": host_load,
         # data-parallel flashsac_opt: every rank's end-state digest (equal = bit-identical ranks)
         "data_parallel": data_parallel_end(events),
         # NCCL settings exported to the training (UniLab 1.5.2 sets NCCL_P2P_DISABLE and

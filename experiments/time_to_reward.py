@@ -114,6 +114,15 @@ def precompiled_steps(timeline: dict) -> dict | None:
     return None
 
 
+def host_load_brief(load: dict) -> dict:
+    """A training's host load in a line: the cores used outside its process tree and by its
+    busiest processes (medians over its iterations), and the host's busy share."""
+    return {"outside_training_cores": load["outside_training_cores"], "host_busy_share": load["host_busy_share"],
+            "load1": load["load1"], "outside_training_top": load["outside_training_top"][:3],
+            "busiest_training_processes": [{"cmd": p["cmd"][:100], "cores_median": p["cores"]["median"]}
+                                           for p in load["training_processes"][:4]]}
+
+
 def summarize_file(path: Path, last: int) -> dict:
     """One run: its configuration and provenance (summarize_trainings' fields), the tail
     timings over its last ``last`` logged iterations, and the threshold crossings."""
@@ -143,6 +152,9 @@ def summarize_file(path: Path, last: int) -> dict:
         # the collector's actions, and the collector's GPU phases (None where a run lacks them)
         "split_ms": {key: tail_stats(report.get("rows_all", []), key, last) for key in SPLIT_KEYS}
         | {key: stats for key in SPLIT_KEYS_IF_LOGGED if (stats := tail_stats(report.get("rows_all", []), key, last)) is not None},
+        # the host while it trained (report/host_load.py; runs from 2026-12-07 on): was the CPU-bound
+        # collector sharing its cores with something outside the training?
+        **({"host_load": host_load_brief(report["host_load"])} if report.get("host_load") else {}),
         "reward_last": rows[-1]["reward"] if rows else None,
         "reward_moving_mean_last": (moving_mean([r["reward"] for r in rows]) or [None])[-1],
         "reward_moving_mean_max": max(moving_mean([r["reward"] for r in rows]), default=None),

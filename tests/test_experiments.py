@@ -223,6 +223,17 @@ def test_training_benchmark_tiny_cpu_run(site, tmp_path, monkeypatch):
     assert procs[0]["samples"] <= t["first_update_start_s"] / 0.5 + 1
     assert any(where.startswith("unilab/") for where, _ in procs[0]["seconds_by_where"]), procs[0]["seconds_by_where"]
     assert all(s["seconds"] >= 1.0 for p in procs for s in p["segments"])  # two samples or more
+    # the host's CPU from the first to the last logged iteration, inside the training's process tree:
+    # UniLab's `train` (the root) runs train_flashsac.py, the learner's process, which computed; the
+    # collector, forked from patch 0005's server, computed too
+    load = report["host_load"]
+    assert load["since_s"] == walls[0] and load["until_s"] == walls[-1] and load["samples"] >= 3
+    procs = load["training_processes"]
+    learner = [p for p in procs if "train_flashsac.py" in p["cmd"] and not p["root"]]
+    collector = [p for p in procs if "collector_start" in p["cmd"] and p["cpu_s"] > 0.1]
+    assert learner and learner[0]["cpu_s"] > 1.0 and learner[0] is procs[0], procs
+    assert collector, procs
+    assert load["outside_training_cores"]["median"] is not None and 0 <= load["host_busy_share"]["median"] <= 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is what CI exercises")

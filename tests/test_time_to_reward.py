@@ -147,6 +147,30 @@ def test_a_patched_run_carries_its_start_up_phases(tmp_path):
     assert ttr.summarize_file(fake_run(tmp_path, "unilab", 1, [5.0] * 30), last=10)["startup_phases_s"] is None
 
 
+def test_a_run_with_a_host_load_record_carries_its_brief(tmp_path):
+    import subprocess
+    import time
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    from report.host_load import HostLoad
+
+    if not HostLoad.available():
+        pytest.skip("needs Linux /proc")
+    # a real record, of a short process tree, as benchmark_flashsac_training writes it
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 0.8\nwhile time.time() < end: pass"])
+    launched = time.time()
+    load = HostLoad(interval_s=0.2).start(child.pid)
+    child.wait(timeout=30)
+    path = fake_run(tmp_path, "flashsac_opt", 1, [5.0] * 30)
+    report = json.loads(path.read_text())
+    report["host_load"] = load.stop(launched)
+    path.write_text(json.dumps(report))
+    brief = ttr.summarize_file(path, last=10)["host_load"]
+    assert brief["busiest_training_processes"][0]["cores_median"] > 0.3
+    assert set(brief) == {"outside_training_cores", "host_busy_share", "load1", "outside_training_top", "busiest_training_processes"}
+    assert "host_load" not in ttr.summarize_file(fake_run(tmp_path, "flashsac_opt", 2, [5.0] * 30), last=10)  # older reports
+
+
 def test_a_seed_given_twice_in_one_configuration_is_refused_naming_the_files(tmp_path):
     (tmp_path / "call1").mkdir(), (tmp_path / "call2").mkdir()
     first = fake_run(tmp_path / "call1", "flashsac_opt", 3, [0.0] * 60)
