@@ -49,7 +49,8 @@ def collect(stop_event, report):
              "dynamo_preloaded": "torch._dynamo" in sys.modules,
              "compiler_preloaded": "torch._inductor.compile_fx" in sys.modules,
              "server_flag": os.environ.get("FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"),
-             "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")}
+             "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+             "affinity": sorted(os.sched_getaffinity(0))}
     if os.environ.get("FLASHSAC_OPT_TEST_CUDA") == "1":  # what UniLab's collector does with its CUDA ring
         try:
             import torch
@@ -72,13 +73,15 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _start_learner(tmp_path: Path, preload: str, cuda: bool = False, compiler: str | None = None
-                   ) -> tuple[subprocess.Popen, dict, Path]:
+def _start_learner(tmp_path: Path, preload: str, cuda: bool = False, compiler: str | None = None,
+                   **extra_env: str) -> tuple[subprocess.Popen, dict, Path]:
     (tmp_path / "collector_probe.py").write_text(_PROBE)
     report = tmp_path / "collector.json"
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                FLASHSAC_OPT_COLLECTOR_PRELOAD=preload, FLASHSAC_OPT_TEST_CUDA="1" if cuda else "0")
     env.pop(collector_start.COMPILER_ENV, None)
+    env.pop("FLASHSAC_OPT_COLLECTOR_SPARE_CPUS", None)
+    env.update(extra_env)
     if compiler is not None:
         env[collector_start.COMPILER_ENV] = compiler
     if not cuda:
@@ -108,6 +111,7 @@ def test_the_collector_forks_preloaded_with_the_learners_environment_and_stops_w
         assert state["late"] == "set after launch"  # the learner's environment when it started the collector
         assert state["server_flag"] is None and state["nvml_check"] is None  # the server's variables stay in the server
         assert state["ppid"] == started["server_pid"] != learner.pid
+        assert state["affinity"] == sorted(os.sched_getaffinity(learner.pid))  # no CPUs spared unless asked (below)
         # SIGKILL, no Python exit path: the server sees its pipe close and exits, UniLab's watchdog
         # (told the server's pid) sees the collector reparented and stops it
         os.kill(learner.pid, signal.SIGKILL)
@@ -120,6 +124,25 @@ def test_the_collector_forks_preloaded_with_the_learners_environment_and_stops_w
     finally:
         if learner.poll() is None:
             learner.kill()
+        for pid in (started.get("pid"), started.get("server_pid")):
+            if pid and not _exited(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not collector_start.enabled() or len(os.sched_getaffinity(0)) < 2, reason="no forkserver, or one CPU")
+def test_the_forked_collector_leaves_the_spared_cpus_to_the_learner_process(tmp_path, require_unilab):
+    from flashsac_opt.unilab import host_cpus
+
+    learner, started, report = _start_learner(tmp_path, "1", FLASHSAC_OPT_COLLECTOR_SPARE_CPUS="1")
+    try:
+        state = json.loads(report.read_text())
+        everything = os.sched_getaffinity(learner.pid)
+        mine, spared = host_cpus.collector_cpus(set(everything), 1)
+        assert spared and state["affinity"] == sorted(mine)  # whole cores off the collector (MuJoCo sizes its pool to it)
+        assert sorted(everything) == sorted(os.sched_getaffinity(0))  # the learner process keeps every CPU
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)
         for pid in (started.get("pid"), started.get("server_pid")):
             if pid and not _exited(pid):
                 os.kill(pid, signal.SIGKILL)

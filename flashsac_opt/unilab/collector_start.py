@@ -20,6 +20,8 @@ Dynamo and Inductor does not. FLASHSAC_OPT_COLLECTOR_PRELOAD=0 keeps UniLab's sp
 Being the patch's launch hook, `start_preload()` also fixes Triton's assembler for the whole
 training before anything compiles (flashsac_opt.toolchain), preload or not, and then starts the
 compile-ahead children where FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN=1 asks for it (compile_ahead.prespawn).
+The host-CPU switches of host_cpus.py act here too: blocking sync in the hook, the collector's CPUs
+in the forked collector.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import os
 import sys
 
 from flashsac_opt import toolchain
+from flashsac_opt.unilab import host_cpus
 
 DISABLE_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD"  # "0": UniLab's spawn, nothing preloaded
 _SERVER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_SERVER"  # set only while the server starts
@@ -72,6 +75,8 @@ def start_preload() -> bool:
     toolchain.align_triton_toolchain()
     if _context is not None:
         return True
+    if host_cpus.blocking_sync_wanted():  # before torch creates a CUDA context (host_cpus.py)
+        print(f"flashsac_opt: {host_cpus.BLOCKING_SYNC_ENV}=1: {host_cpus.set_blocking_sync()}", file=sys.stderr, flush=True)
     if not enabled():
         _prespawn_compile_ahead()
         return False
@@ -142,6 +147,10 @@ def run_in_environ(environ: dict, target, args: tuple):
     if forkserver._forkserver._forkserver_alive_fd is not None:
         os.close(forkserver._forkserver._forkserver_alive_fd)
         forkserver._forkserver._forkserver_alive_fd = None
+    confined = host_cpus.confine_collector()  # before UniLab sizes MuJoCo's pool to this process's CPUs
+    if confined is not None:
+        print(f"flashsac_opt: {host_cpus.SPARE_ENV}: the collector runs on CPUs {confined['collector_cpus']}, "
+              f"leaving {confined['spared_cpus']} to the learner process", file=sys.stderr, flush=True)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda._is_in_bad_fork():
         raise RuntimeError("flashsac_opt collector preload: a preloaded import queried the CUDA driver in the server, so this "
