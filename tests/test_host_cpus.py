@@ -45,6 +45,13 @@ def test_the_switch_is_read_as_a_whole_number(monkeypatch):
     monkeypatch.setenv(host_cpus.SPARE_ENV, "two")
     with pytest.raises(ValueError, match="whole number of CPUs, got 'two'"):
         host_cpus.spare_cpus_from_env()
+    # at launch, in the training process (patch 0005's hook), before any process is started
+    from flashsac_opt.unilab import collector_start
+
+    monkeypatch.setattr(collector_start, "_context", None)
+    with pytest.raises(ValueError, match="FLASHSAC_OPT_COLLECTOR_SPARE_CPUS must be a whole number"):
+        collector_start.start_preload()
+    assert collector_start._context is None  # no server started
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to spare")

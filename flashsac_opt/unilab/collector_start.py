@@ -75,6 +75,7 @@ def start_preload() -> bool:
     toolchain.align_triton_toolchain()
     if _context is not None:
         return True
+    host_cpus.spare_cpus_from_env()  # a malformed switch stops the training here, not in its collector
     if host_cpus.blocking_sync_wanted():  # before torch creates a CUDA context (host_cpus.py)
         print(f"flashsac_opt: {host_cpus.BLOCKING_SYNC_ENV}=1: {host_cpus.set_blocking_sync()}", file=sys.stderr, flush=True)
     if not enabled():
