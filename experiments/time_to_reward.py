@@ -76,6 +76,27 @@ def tail_stats(rows: list[dict], key: str, last: int) -> dict | None:
     return {"median": percentile(values, 0.5), "p90": percentile(values, 0.9), "count": len(values)}
 
 
+def compiled_iteration_wall_ms(rows: list[dict], first_compiled_update_s: float | None) -> float | None:
+    """Wall clock per iteration from the first compiled iteration to the last logged one: what an
+    iteration costs the run, beyond UniLab's iteration timer (which leaves out its logging)."""
+    if first_compiled_update_s is None:
+        return None
+    compiled = [r for r in rows if r["wall_s"] >= first_compiled_update_s and "iteration" in r]
+    if len(compiled) < 2 or compiled[-1]["iteration"] == compiled[0]["iteration"]:
+        return None
+    return 1000.0 * (compiled[-1]["wall_s"] - compiled[0]["wall_s"]) / (compiled[-1]["iteration"] - compiled[0]["iteration"])
+
+
+def iteration_bound(learner_ms: dict | None, split: dict) -> str | None:
+    """Which side an iteration waits for (medians of the tail): "collector" where the collector's
+    env step is longer than the update phase, "update phase" otherwise; None without both."""
+    env_step = (split.get("collector_env_step_ms") or {}).get("median")
+    learner = (learner_ms or {}).get("median")
+    if env_step is None or learner is None:
+        return None
+    return "collector" if env_step > learner else "update phase"
+
+
 def carrier(report: dict) -> str:
     """UniLab's collector tensor carrier the run asked for (`training.collector_tensor_device`):
     "default" (UniLab's auto: the learner's CUDA device) unless an override named one."""
@@ -138,7 +159,7 @@ def summarize_file(path: Path, last: int) -> dict:
         "first_update_s": base["first_learner_iteration_s"],
         # a cold patched start trains uncompiled until its compile-ahead child is done: its first
         # update flatters it; this is when compiled training began (stock compiles in its first update)
-        "first_compiled_update_s": first_compiled_update(report.get("startup_timeline") or {}, base["first_learner_iteration_s"]),
+        "first_compiled_update_s": (first_compiled := first_compiled_update(report.get("startup_timeline") or {}, base["first_learner_iteration_s"])),
         # runs with precompiled steps only (the committed summaries predate them)
         **({"precompiled_steps": steps} if (steps := precompiled_steps(report.get("startup_timeline") or {})) else {}),
         # launch -> first update by phase, from the patched learner's milestones (None for stock)
@@ -146,12 +167,14 @@ def summarize_file(path: Path, last: int) -> dict:
         "rows_with_wall_s": len(rows),
         "wall_s_last": rows[-1]["wall_s"] if rows else None,
         "tail_iterations": last,
-        "learner_ms": tail_stats(report.get("rows_all", []), "learner_train_ms", last),
+        "learner_ms": (learner_ms := tail_stats(report.get("rows_all", []), "learner_train_ms", last)),
         "iteration_ms": tail_stats(report.get("rows_all", []), "iter_ms", last),
         # where the iteration beyond the learner goes (issue 17's contention): the learner serving
         # the collector's actions, and the collector's GPU phases (None where a run lacks them)
-        "split_ms": {key: tail_stats(report.get("rows_all", []), key, last) for key in SPLIT_KEYS}
-        | {key: stats for key in SPLIT_KEYS_IF_LOGGED if (stats := tail_stats(report.get("rows_all", []), key, last)) is not None},
+        "split_ms": (split := {key: tail_stats(report.get("rows_all", []), key, last) for key in SPLIT_KEYS}
+                     | {key: stats for key in SPLIT_KEYS_IF_LOGGED if (stats := tail_stats(report.get("rows_all", []), key, last)) is not None}),
+        "compiled_iteration_wall_ms": compiled_iteration_wall_ms(rows, first_compiled),
+        "iteration_bound": iteration_bound(learner_ms, split),
         # the host while it trained (report/host_load.py; runs from 2026-12-07 on): was the CPU-bound
         # collector sharing its cores with something outside the training?
         **({"host_load": host_load_brief(report["host_load"])} if report.get("host_load") else {}),
@@ -204,6 +227,7 @@ def group_runs(runs: list[dict]) -> list[dict]:
                 "first_compiled_update_s": stat(lambda r: r["first_compiled_update_s"]),
                 "learner_ms": stat(lambda r: (r["learner_ms"] or {}).get("median")),
                 "iteration_ms": stat(lambda r: (r["iteration_ms"] or {}).get("median")),
+                "compiled_iteration_wall_ms": stat(lambda r: r.get("compiled_iteration_wall_ms")),
                 **{f"time_to_reward_{t:g}_s": stat(lambda r, t=t: (r["time_to_reward"][f"{t:g}"] or {}).get("seconds"))
                    for t in THRESHOLDS},
                 **{f"first_update_to_reward_{t:g}_s": stat(lambda r, t=t: (r["time_to_reward"][f"{t:g}"] or {}).get("seconds_after_first_update"))

@@ -171,6 +171,24 @@ def test_a_run_with_a_host_load_record_carries_its_brief(tmp_path):
     assert "host_load" not in ttr.summarize_file(fake_run(tmp_path, "flashsac_opt", 2, [5.0] * 30), last=10)  # older reports
 
 
+def test_a_run_carries_its_wall_clock_per_compiled_iteration_and_which_side_bound_it(tmp_path):
+    path = fake_run(tmp_path, "flashsac_opt", 1, [5.0] * 40)
+    report = json.loads(path.read_text())
+    for i, row in enumerate(report["rows_all"]):  # uncompiled rows 0-9 at 2 s apart, then 40 ms an iteration
+        row["wall_s"] = 10.0 + 2.0 * i if i < 10 else 28.0 + 0.04 * (i - 9)
+        row["collector_env_step_ms"] = 36.0
+    report["startup_timeline"] = {"learner_constructed_s": 5.0, "first_update_start_s": 9.0, "first_update_end_s": 10.0,
+                                  "compile_ahead_done_s": 27.0, "background_compile_switched_s": 28.0}
+    path.write_text(json.dumps(report))
+    run = ttr.summarize_file(path, last=10)
+    assert run["first_compiled_update_s"] == 28.0
+    assert run["compiled_iteration_wall_ms"] == pytest.approx(40.0)  # the uncompiled rows left out
+    assert run["iteration_bound"] == "collector"  # env step 36 ms against an update phase of 5-7 ms
+    assert ttr.group_runs([run])[0]["median"]["compiled_iteration_wall_ms"] == pytest.approx(40.0)
+    plain = ttr.summarize_file(fake_run(tmp_path, "flashsac_opt", 2, [5.0] * 40), last=10)
+    assert plain["compiled_iteration_wall_ms"] == pytest.approx(500.0) and plain["iteration_bound"] is None  # no env step logged
+
+
 def test_a_seed_given_twice_in_one_configuration_is_refused_naming_the_files(tmp_path):
     (tmp_path / "call1").mkdir(), (tmp_path / "call2").mkdir()
     first = fake_run(tmp_path / "call1", "flashsac_opt", 3, [0.0] * 60)
