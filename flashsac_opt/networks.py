@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from flashsac_opt import kernels
 from flashsac_opt.flat import FlatLayout
 
 BN_MOMENTUM = 0.01
@@ -477,11 +478,25 @@ class FlashSACCritic(_FlatNetwork):
     shared_input_bn_statistics = False
     # The up projections' ReLU on autocast's dtype (EngineOptions.relu_in_autocast_dtype).
     relu_in_autocast_dtype = False
+    # Up projection, training-mode BN and ReLU in one Triton kernel (EngineOptions.fused_up_bn_relu).
+    fused_up_bn_relu = False
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.contiguous_weight_grads:
             return member_linear(x, w)
         return torch.einsum("nbi,noi->nbo", x, w)
+
+    def _fused_up_bn_relu(self, x, w, p, s, name, new_stats):
+        """relu(BN_train(x @ w^T)) in one kernel (kernels.member_linear_bn_relu): the GEMM on
+        autocast's dtype where it is on, as autocast would cast it; the running statistics as _bn
+        commits them."""
+        dtype = autocast_dtype(x.device.type) or torch.promote_types(x.dtype, w.dtype)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            y, mean, var = kernels.member_linear_bn_relu(x.to(dtype), w.to(dtype), p[f"{name}.weight"], p[f"{name}.bias"], BN_EPS)
+        rows = x.shape[1]
+        new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
+        new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))
+        return y
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
@@ -551,14 +566,17 @@ class FlashSACCritic(_FlatNetwork):
         x = self._linear(self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
             b = f"block{i}"
-            y = self._linear(x, w[f"{b}.up"])
-            y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
-            if self.relu_in_autocast_dtype and (low_dtype := autocast_dtype(y.device.type)) is not None:
-                # Round before the ReLU, not after: rounding to nearest keeps order and sign, so
-                # the down GEMM gets the same values, and the backward keeps this bf16 output
-                # instead of an fp32 one (the fp32 comes from the BN affine's fp32 weights).
-                y = y.to(low_dtype)
-            y = F.relu(y)
+            if training and self.fused_up_bn_relu and kernels.supports(x, w[f"{b}.up"]):
+                y = self._fused_up_bn_relu(x, w[f"{b}.up"], p, s, f"{b}.up_bn", new_stats)
+            else:
+                y = self._linear(x, w[f"{b}.up"])
+                y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
+                if self.relu_in_autocast_dtype and (low_dtype := autocast_dtype(y.device.type)) is not None:
+                    # Round before the ReLU, not after: rounding to nearest keeps order and sign, so
+                    # the down GEMM gets the same values, and the backward keeps this bf16 output
+                    # instead of an fp32 one (the fp32 comes from the BN affine's fp32 weights).
+                    y = y.to(low_dtype)
+                y = F.relu(y)
             y = self._linear(y, w[f"{b}.down"])
             y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
             x = y + x

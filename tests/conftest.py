@@ -9,6 +9,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
+# Without CUDA the fused Triton kernels (tests/test_kernels.py) run in Triton's interpreter. Triton
+# reads the switch when it is first imported, which any test module may do first, so it is set
+# here, before all of them. Nothing else on the CPU runs Triton (Inductor generates C++ there).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # The suite's own Inductor cache, made by the controller and inherited by its xdist workers and the
 # processes they start: a kernel compiles once per run, never from or into another run's cache on
 # the machine (a UniLab training compiling the same kernel beside the suite had it read a half-written

@@ -1,0 +1,186 @@
+"""Hand-written Triton kernels inside the compiled objectives (issue 45): one launch where Inductor
+makes several. Off until measured on the GPU (EngineOptions.fused_up_bn_relu).
+
+`member_linear_bn_relu(x, w, gamma, beta)`: for every ensemble member n, the critic block's up
+projection h = x[n] @ w[n]^T, its training-mode BatchNorm over the rows and the ReLU, in one
+kernel. At the recipe's batch (256 rows) a program holds every row of a block of output features,
+so the batch statistics are a reduction inside the program: the GEMM's result is normalized where
+it was accumulated, never written and read back (today: a cuBLAS GEMM, a statistics reduction and
+an apply kernel per layer; results/roofline/README.md). Rows up to MAX_ROWS; larger batches keep
+the composite path.
+
+It is a `torch.library.custom_op` with a Triton body, a fake implementation and a registered
+autograd: torch.compile traces it as one node whatever the device, Inductor calls it in its graph
+and our CUDA graph captures its launch; one fixed configuration per shape class, no autotuning at
+start-up. (A `triton_op` would let Inductor emit the launch itself, but under Triton's interpreter,
+which runs the kernel in CI, `wrap_triton` cannot be traced, so the compiled path could not be
+tested off the GPU.) Its backward is PyTorch: the ReLU mask, BatchNorm's backward from the saved
+normalized values, and the two GEMMs, which Inductor fuses as it fuses today's.
+
+Numerics: the statistics come from the float32 accumulator (the composite path reduces the GEMM's
+output rounded to autocast's dtype), so the two agree to that rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+MAX_ROWS = 512  # a program holds rows x BLOCK_N float32 accumulators
+BLOCK_N = 32
+BLOCK_K = 32
+
+
+def available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require() -> None:
+    """Register the op for a learner that asked for the fused kernel; a clear error without Triton."""
+    if not available():
+        raise ValueError("fused_up_bn_relu=true needs Triton (the fused kernel is a Triton kernel); install triton or leave it off")
+    register()
+
+
+def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the fused kernel takes these shapes: x (members, rows, in), w (members, out, in)."""
+    return x.dim() == 3 and w.dim() == 3 and x.shape[0] == w.shape[0] and x.shape[2] == w.shape[2] and 2 <= x.shape[1] <= MAX_ROWS
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def member_linear_bn_relu_kernel(
+        x_ptr, w_ptr, gamma_ptr, beta_ptr, y_ptr, xhat_ptr, mean_ptr, var_ptr,
+        eps, sx_n, sx_b, sx_k, sw_n, sw_o, sw_k,
+        rows: tl.constexpr, features: tl.constexpr, inputs: tl.constexpr,  # the layer's static shape
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        member, block = tl.program_id(0), tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok, col_ok = rm < rows, rn < features
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, inputs, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = rk < inputs
+            a = tl.load(x_ptr + member * sx_n + rm[:, None] * sx_b + rk[None, :] * sx_k,
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_ptr + member * sw_n + rn[None, :] * sw_o + rk[:, None] * sw_k,
+                        mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.dot(a, b)
+        # batch statistics over the valid rows (padding rows are zeros: masked out of both sums)
+        mean = tl.sum(acc, axis=0) / rows
+        centered = tl.where(row_ok[:, None], acc - mean[None, :], 0.0)
+        var = tl.sum(centered * centered, axis=0) / rows
+        rstd = 1.0 / tl.sqrt(var + eps)
+        xhat = centered * rstd[None, :]
+        gamma = tl.load(gamma_ptr + member * features + rn, mask=col_ok, other=0.0)
+        beta = tl.load(beta_ptr + member * features + rn, mask=col_ok, other=0.0)
+        y = tl.maximum(xhat * gamma[None, :] + beta[None, :], 0.0)
+        out = member * rows * features + rm[:, None] * features + rn[None, :]
+        ok = row_ok[:, None] & col_ok[None, :]
+        tl.store(y_ptr + out, y, mask=ok)
+        tl.store(xhat_ptr + out, xhat, mask=ok)
+        tl.store(mean_ptr + member * features + rn, mean, mask=col_ok)
+        tl.store(var_ptr + member * features + rn, var, mask=col_ok)
+
+    return member_linear_bn_relu_kernel
+
+
+def _launch(x, w, gamma, beta, eps):
+    members, rows, inputs = x.shape
+    features = w.shape[1]
+    y = torch.empty((members, rows, features), dtype=torch.float32, device=x.device)
+    xhat = torch.empty_like(y)
+    mean = torch.empty((members, features), dtype=torch.float32, device=x.device)
+    var = torch.empty_like(mean)
+    block_m = max(16, 1 << (rows - 1).bit_length())
+    grid = (members, -(-features // BLOCK_N))
+    _kernel()[grid](
+        x, w, gamma, beta, y, xhat, mean, var, eps,
+        x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2),
+        rows=rows, features=features, inputs=inputs, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+    )
+    return y, xhat, mean, var
+
+
+_registered = False
+
+
+@functools.cache
+def register():
+    """Register the custom op (once; needs Triton). The learner calls it at construction: torch.compile
+    then finds the op as torch.ops.flashsac_opt.member_linear_bn_relu (a registration cannot be traced)."""
+    global _registered
+
+    @torch.library.custom_op("flashsac_opt::member_linear_bn_relu", mutates_args=())
+    def member_linear_bn_relu_op(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _launch(x, w, gamma, beta, eps)
+
+    @member_linear_bn_relu_op.register_fake
+    def _(x, w, gamma, beta, eps):
+        members, rows, _ = x.shape
+        y = x.new_empty((members, rows, w.shape[1]), dtype=torch.float32)
+        stats = x.new_empty((members, w.shape[1]), dtype=torch.float32)
+        return y, torch.empty_like(y), stats, torch.empty_like(stats)
+
+    _registered = True
+    return member_linear_bn_relu_op
+
+
+class _MemberLinearBNReLU(torch.autograd.Function):
+    """The op's autograd. An autograd.Function with setup_context, not the op's register_autograd:
+    the fused update differentiates through torch.func, which takes only the former (as for
+    networks._MemberLinear)."""
+
+    @staticmethod
+    def forward(x, w, gamma, beta, eps):
+        return torch.ops.flashsac_opt.member_linear_bn_relu(x, w, gamma, beta, eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, gamma, _beta, eps = inputs
+        y, xhat, _mean, var = output
+        ctx.save_for_backward(x, w, gamma, y, xhat, var)
+        ctx.eps = eps
+        ctx.mark_non_differentiable(xhat)
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_xhat, _grad_mean, _grad_var):
+        x, w, gamma, y, xhat, var = ctx.saved_tensors
+        rstd = torch.rsqrt(var + ctx.eps).unsqueeze(1)
+        dz = grad_y * (y > 0)
+        dxhat = dz * gamma.unsqueeze(1)
+        dh = rstd * (dxhat - dxhat.mean(dim=1, keepdim=True) - xhat * (dxhat * xhat).mean(dim=1, keepdim=True))
+        dh = dh.to(x.dtype)
+        grad_x = torch.bmm(dh, w) if ctx.needs_input_grad[0] else None
+        grad_w = torch.bmm(dh.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        grad_gamma = (dz * xhat).sum(dim=1) if ctx.needs_input_grad[2] else None
+        grad_beta = dz.sum(dim=1) if ctx.needs_input_grad[3] else None
+        return grad_x, grad_w, grad_gamma, grad_beta, None
+
+
+def member_linear_bn_relu(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                          eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """relu(BN_train(x[n] @ w[n]^T) * gamma[n] + beta[n]) for every member n: (y (members, rows, out)
+    float32, the batch mean and biased variance (members, out) float32). x and w in one dtype (the
+    GEMM's: autocast's where it is on); gamma and beta (members, out) float32."""
+    if not supports(x, w):
+        raise ValueError(f"member_linear_bn_relu: x {tuple(x.shape)} and w {tuple(w.shape)} must be (members, rows, in) and "
+                         f"(members, out, in) with 2..{MAX_ROWS} rows")
+    if x.dtype != w.dtype:
+        raise ValueError(f"member_linear_bn_relu: x is {x.dtype}, w is {w.dtype}: one GEMM dtype")
+    if not _registered:  # eager callers; a compiled learner registered it at construction
+        register()
+    y, _xhat, mean, var = _MemberLinearBNReLU.apply(x, w, gamma.float().contiguous(), beta.float().contiguous(), float(eps))
+    return y, mean, var

@@ -1,0 +1,152 @@
+"""flashsac_opt/kernels.py: the fused up projection + training BatchNorm + ReLU (issue 45), against
+the composite layer it replaces. On the CPU through Triton's interpreter (TRITON_INTERPRET=1), in
+float32; on CUDA (marked gpu) compiled, under bf16 autocast, in graph mode."""
+
+import copy
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the fused kernels are Triton kernels (.ci/run installs triton)")
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":  # set by conftest.py
+    pytest.skip("without CUDA these tests need Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported)",
+                allow_module_level=True)
+
+from flashsac_opt import FlashSACConfig, FlashSACLearner, kernels  # noqa: E402
+from flashsac_opt.networks import BN_EPS, FlashSACCritic  # noqa: E402
+from flashsac_opt.testing.oracle import synthetic_batch  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def composite(x, w, gamma, beta):
+    h = torch.bmm(x, w.transpose(1, 2))
+    mean, var = h.mean(1, keepdim=True), h.var(1, correction=0, keepdim=True)
+    y = torch.relu((h - mean) * torch.rsqrt(var + BN_EPS) * gamma.unsqueeze(1) + beta.unsqueeze(1))
+    return y, mean.squeeze(1), var.squeeze(1)
+
+
+@pytest.mark.parametrize("members,rows,inputs,features,expanded", [
+    (2, 40, 24, 48, False),   # rows, inputs and features off the block sizes (masked edges)
+    (2, 2, 8, 32, False),     # the fewest rows BatchNorm allows
+    (3, 64, 40, 70, True),    # the critic's input rows: one tensor expanded over the members (stride 0)
+])
+def test_the_kernel_is_the_composite_layer_forward_and_backward(members, rows, inputs, features, expanded):
+    g = torch.Generator().manual_seed(rows)
+    if expanded:
+        x = torch.randn(1, rows, inputs, generator=g).expand(members, -1, -1).clone().requires_grad_()
+        x_in = x[:1].expand(members, -1, -1)
+    else:
+        x = torch.randn(members, rows, inputs, generator=g, requires_grad=True)
+        x_in = x
+    w = torch.randn(members, features, inputs, generator=g, requires_grad=True)
+    gamma = (torch.rand(members, features, generator=g) + 0.5).requires_grad_()
+    beta = torch.randn(members, features, generator=g, requires_grad=True)
+    y, mean, var = kernels.member_linear_bn_relu(x_in, w, gamma, beta, BN_EPS)
+    y_ref, mean_ref, var_ref = composite(x_in, w, gamma, beta)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(var, var_ref, rtol=1e-5, atol=1e-5)
+    assert (y > 0).any() and (y == 0).any()  # the ReLU cut something: its mask is exercised
+    grad = torch.randn(y.shape, generator=g)
+    got = torch.autograd.grad(y, (x, w, gamma, beta), grad)
+    want = torch.autograd.grad(y_ref, (x, w, gamma, beta), grad)
+    for name, a, b in zip(("x", "w", "gamma", "beta"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"grad {name}: {m}")
+
+
+def test_shapes_and_dtypes_the_kernel_does_not_take_are_refused():
+    x, w = torch.randn(2, kernels.MAX_ROWS + 1, 8), torch.randn(2, 16, 8)
+    assert not kernels.supports(x, w) and kernels.supports(x[:, :kernels.MAX_ROWS], w)
+    gamma, beta = torch.ones(2, 16), torch.zeros(2, 16)
+    with pytest.raises(ValueError, match=f"2..{kernels.MAX_ROWS} rows"):
+        kernels.member_linear_bn_relu(x, w, gamma, beta)
+    with pytest.raises(ValueError, match="one GEMM dtype"):
+        kernels.member_linear_bn_relu(x[:, :16], w.double(), gamma, beta)
+
+
+def test_a_critic_with_the_fused_layer_is_the_composite_critic():
+    torch.manual_seed(0)
+    plain = FlashSACCritic(20, 5, hidden_dim=32, num_blocks=2, num_atoms=11)
+    fused = copy.deepcopy(plain)
+    fused.fused_up_bn_relu = True
+    obs, actions = torch.randn(48, 20), torch.randn(48, 5)
+    q, log_probs, stats = plain(obs, actions, True)
+    q_f, log_probs_f, stats_f = fused(obs, actions, True)
+    torch.testing.assert_close(q_f, q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_probs_f, log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats_f, stats, rtol=1e-5, atol=1e-6)  # the running statistics it commits
+    loss, loss_f = (log_probs.exp() * 0.3).sum() + q.sum(), (log_probs_f.exp() * 0.3).sum() + q_f.sum()
+    grad, = torch.autograd.grad(loss, plain.params)
+    grad_f, = torch.autograd.grad(loss_f, fused.params)
+    torch.testing.assert_close(grad_f, grad, rtol=1e-4, atol=1e-4)
+    # evaluation mode normalizes with the running statistics: the composite path, unchanged
+    assert torch.equal(fused(obs, actions, False)[0], plain(obs, actions, False)[0])
+
+
+def _small_config(**options) -> FlashSACConfig:
+    options.setdefault("learner_mode", "eager")
+    return FlashSACConfig(batch_size=32, updates_per_step=2, critic_hidden_dim=32, actor_hidden_dim=16,
+                          num_atoms=11, **options)
+
+
+@pytest.mark.parametrize("mode", [
+    {"learner_mode": "eager"},
+    # traced by torch.compile as one opaque node, differentiated through torch.func (the fused update);
+    # aot_eager because Inductor's C++ build would double this file's time and adds nothing about the op
+    {"learner_mode": "compile", "compile_backend": "aot_eager"},
+])
+def test_a_learner_with_the_fused_layer_updates_as_the_composite_one(mode, monkeypatch):
+    launches = []
+    launch = kernels._launch
+    monkeypatch.setattr(kernels, "_launch", lambda *args: launches.append(1) or launch(*args))
+    dims = {"obs_dim": 12, "critic_obs_dim": 14, "action_dim": 4}
+    learners = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        learners.append(FlashSACLearner(_small_config(fused_up_bn_relu=fused, **mode), **dims, device=CPU))
+    plain, fused = learners
+    assert fused.critic.fused_up_bn_relu and fused.target_critic.fused_up_bn_relu and not plain.critic.fused_up_bn_relu
+    for learner in learners:  # each from the same RNG state: the actor's noise comes from the global generator
+        torch.manual_seed(1)
+        for i in range(3):
+            learner.update(synthetic_batch(64, 12, 14, 4, torch.Generator().manual_seed(i)))
+    # the kernel ran: per update the critic's and the target critic's blocks (each block one launch)
+    assert len(launches) >= 3 * 2
+    m, m_f = plain.read_metrics(), fused.read_metrics()
+    assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=1e-4)
+    for a, b in ((plain.critic.params, fused.critic.params), (plain.critic.bn_stats, fused.critic.bn_stats),
+                 (plain.actor.params, fused.actor.params)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_the_switch_needs_triton(monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    with pytest.raises(ValueError, match="fused_up_bn_relu=true needs Triton"):
+        FlashSACLearner(_small_config(fused_up_bn_relu=True), obs_dim=12, critic_obs_dim=14, action_dim=4, device=CPU)
+    with pytest.raises(ValueError, match="fused_up_bn_relu must be true or false"):
+        _small_config(fused_up_bn_relu="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["compile", "graph"])
+def test_on_cuda_the_fused_layer_trains_as_the_composite_one_under_bf16(mode):
+    """The recipe's shapes (B256, critic 256 wide), compiled (the fused update's torch.func path) and
+    captured: 4 iterations of 8 updates, parameters within bf16 drift of the composite path's."""
+    dims = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
+    learners = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        cfg = FlashSACConfig(learner_mode=mode, batch_size=256, updates_per_step=8, fused_up_bn_relu=fused)
+        learners.append(FlashSACLearner(cfg, **dims, device=torch.device("cuda")))
+    for learner in learners:
+        torch.manual_seed(1)
+        for i in range(4):
+            learner.update(synthetic_batch(256 * 8, 98, 101, 29, torch.Generator().manual_seed(i), device=torch.device("cuda")))
+    (m, m_f) = (learner.read_metrics() for learner in learners)
+    assert all(torch.isfinite(torch.tensor(v)) for v in m_f.values() if isinstance(v, float))
+    assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=2e-2)
+    drift = (learners[1].critic.params - learners[0].critic.params).abs().max().item()
+    assert drift < 2e-2, drift
