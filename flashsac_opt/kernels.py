@@ -88,7 +88,7 @@ def _kernel():
         y = tl.maximum(xhat * gamma[None, :] + beta[None, :], 0.0)
         out = member * rows * features + rm[:, None] * features + rn[None, :]
         ok = row_ok[:, None] & col_ok[None, :]
-        tl.store(y_ptr + out, y, mask=ok)
+        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
         tl.store(xhat_ptr + out, xhat, mask=ok)
         tl.store(mean_ptr + member * features + rn, mean, mask=col_ok)
         tl.store(var_ptr + member * features + rn, var, mask=col_ok)
@@ -96,11 +96,11 @@ def _kernel():
     return member_linear_bn_relu_kernel
 
 
-def _launch(x, w, gamma, beta, eps):
+def _launch(x, w, gamma, beta, eps, y_in_input_dtype):
     members, rows, inputs = x.shape
     features = w.shape[1]
-    y = torch.empty((members, rows, features), dtype=torch.float32, device=x.device)
-    xhat = torch.empty_like(y)
+    y = torch.empty((members, rows, features), dtype=x.dtype if y_in_input_dtype else torch.float32, device=x.device)
+    xhat = torch.empty((members, rows, features), dtype=torch.float32, device=x.device)
     mean = torch.empty((members, features), dtype=torch.float32, device=x.device)
     var = torch.empty_like(mean)
     block_m = max(16, 1 << (rows - 1).bit_length())
@@ -124,15 +124,15 @@ def register():
 
     @torch.library.custom_op("flashsac_opt::member_linear_bn_relu", mutates_args=())
     def member_linear_bn_relu_op(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-                                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _launch(x, w, gamma, beta, eps)
+                                 eps: float, y_in_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _launch(x, w, gamma, beta, eps, y_in_input_dtype)
 
     @member_linear_bn_relu_op.register_fake
-    def _(x, w, gamma, beta, eps):
+    def _(x, w, gamma, beta, eps, y_in_input_dtype):
         members, rows, _ = x.shape
-        y = x.new_empty((members, rows, w.shape[1]), dtype=torch.float32)
+        xhat = x.new_empty((members, rows, w.shape[1]), dtype=torch.float32)
         stats = x.new_empty((members, w.shape[1]), dtype=torch.float32)
-        return y, torch.empty_like(y), stats, torch.empty_like(stats)
+        return xhat.to(x.dtype) if y_in_input_dtype else torch.empty_like(xhat), xhat, stats, torch.empty_like(stats)
 
     _registered = True
     return member_linear_bn_relu_op
@@ -144,12 +144,12 @@ class _MemberLinearBNReLU(torch.autograd.Function):
     networks._MemberLinear)."""
 
     @staticmethod
-    def forward(x, w, gamma, beta, eps):
-        return torch.ops.flashsac_opt.member_linear_bn_relu(x, w, gamma, beta, eps)
+    def forward(x, w, gamma, beta, eps, y_in_input_dtype):
+        return torch.ops.flashsac_opt.member_linear_bn_relu(x, w, gamma, beta, eps, y_in_input_dtype)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w, gamma, _beta, eps = inputs
+        x, w, gamma, _beta, eps, _y_in_input_dtype = inputs
         y, xhat, _mean, var = output
         ctx.save_for_backward(x, w, gamma, y, xhat, var)
         ctx.eps = eps
@@ -167,14 +167,16 @@ class _MemberLinearBNReLU(torch.autograd.Function):
         grad_w = torch.bmm(dh.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
         grad_gamma = (dz * xhat).sum(dim=1) if ctx.needs_input_grad[2] else None
         grad_beta = dz.sum(dim=1) if ctx.needs_input_grad[3] else None
-        return grad_x, grad_w, grad_gamma, grad_beta, None
+        return grad_x, grad_w, grad_gamma, grad_beta, None, None
 
 
 def member_linear_bn_relu(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-                          eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """relu(BN_train(x[n] @ w[n]^T) * gamma[n] + beta[n]) for every member n: (y (members, rows, out)
-    float32, the batch mean and biased variance (members, out) float32). x and w in one dtype (the
-    GEMM's: autocast's where it is on); gamma and beta (members, out) float32."""
+                          eps: float = 1e-5, y_in_input_dtype: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """relu(BN_train(x[n] @ w[n]^T) * gamma[n] + beta[n]) for every member n: (y (members, rows, out),
+    the batch mean and biased variance (members, out) float32). x and w in one dtype (the GEMM's:
+    autocast's where it is on); gamma and beta (members, out) float32. y is float32, or in x's dtype
+    with y_in_input_dtype: rounded once from the float32 result, so the next GEMM reads half the bytes
+    and no cast kernel runs (what relu_in_autocast_dtype does on the composite path)."""
     if not supports(x, w):
         raise ValueError(f"member_linear_bn_relu: x {tuple(x.shape)} and w {tuple(w.shape)} must be (members, rows, in) and "
                          f"(members, out, in) with 2..{MAX_ROWS} rows")
@@ -182,5 +184,6 @@ def member_linear_bn_relu(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor,
         raise ValueError(f"member_linear_bn_relu: x is {x.dtype}, w is {w.dtype}: one GEMM dtype")
     if not _registered:  # eager callers; a compiled learner registered it at construction
         register()
-    y, _xhat, mean, var = _MemberLinearBNReLU.apply(x, w, gamma.float().contiguous(), beta.float().contiguous(), float(eps))
+    y, _xhat, mean, var = _MemberLinearBNReLU.apply(x, w, gamma.float().contiguous(), beta.float().contiguous(), float(eps),
+                                                    bool(y_in_input_dtype))
     return y, mean, var

@@ -488,11 +488,14 @@ class FlashSACCritic(_FlatNetwork):
 
     def _fused_up_bn_relu(self, x, w, p, s, name, new_stats):
         """relu(BN_train(x @ w^T)) in one kernel (kernels.member_linear_bn_relu): the GEMM on
-        autocast's dtype where it is on, as autocast would cast it; the running statistics as _bn
-        commits them."""
-        dtype = autocast_dtype(x.device.type) or torch.promote_types(x.dtype, w.dtype)
+        autocast's dtype where it is on, as autocast would cast it; the output rounded to that dtype
+        in the kernel under relu_in_autocast_dtype (the composite path's cast); the running
+        statistics as _bn commits them."""
+        low_dtype = autocast_dtype(x.device.type)
+        dtype = low_dtype or torch.promote_types(x.dtype, w.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            y, mean, var = kernels.member_linear_bn_relu(x.to(dtype), w.to(dtype), p[f"{name}.weight"], p[f"{name}.bias"], BN_EPS)
+            y, mean, var = kernels.member_linear_bn_relu(x.to(dtype), w.to(dtype), p[f"{name}.weight"], p[f"{name}.bias"], BN_EPS,
+                                                         y_in_input_dtype=self.relu_in_autocast_dtype and low_dtype is not None)
         rows = x.shape[1]
         new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
         new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))

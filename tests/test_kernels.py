@@ -56,6 +56,28 @@ def test_the_kernel_is_the_composite_layer_forward_and_backward(members, rows, i
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
+def test_the_output_in_the_gemm_dtype_is_the_float32_output_rounded_once():
+    """y_in_input_dtype (the layer under relu_in_autocast_dtype): one rounding of the float32 result,
+    and a backward through it. Half precision here: Triton's interpreter reads bfloat16 wrongly
+    (numpy has no bfloat16), so bf16 runs in the GPU tests."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 40, 24, generator=g).half().requires_grad_()
+    w = torch.randn(2, 48, 24, generator=g).half().requires_grad_()
+    gamma, beta = torch.rand(2, 48, generator=g) + 0.5, torch.randn(2, 48, generator=g)
+    y32, mean32, _ = kernels.member_linear_bn_relu(x, w, gamma, beta, BN_EPS)
+    y16, mean16, _ = kernels.member_linear_bn_relu(x, w, gamma, beta, BN_EPS, y_in_input_dtype=True)
+    assert y32.dtype == torch.float32 and y16.dtype == torch.float16
+    torch.testing.assert_close(y16, y32.half(), rtol=0, atol=1e-3)  # the accumulations may differ in the last bit
+    torch.testing.assert_close(mean16, mean32)
+    y_ref, _, _ = composite(x.float(), w.float(), gamma, beta)
+    grad = torch.randn(y16.shape, generator=g)
+    got = torch.autograd.grad(y16, (x, w), grad.half())
+    want = torch.autograd.grad(y_ref, (x, w), grad)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float16
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_shapes_and_dtypes_the_kernel_does_not_take_are_refused():
     x, w = torch.randn(2, kernels.MAX_ROWS + 1, 8), torch.randn(2, 16, 8)
     assert not kernels.supports(x, w) and kernels.supports(x[:, :kernels.MAX_ROWS], w)
