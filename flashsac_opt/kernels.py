@@ -28,8 +28,14 @@ import functools
 import torch
 
 MAX_ROWS = 512  # a program holds rows x BLOCK_N float32 accumulators
-BLOCK_N = 32
-BLOCK_K = 32
+# (BLOCK_N, BLOCK_K, num_warps) by rows per program, chosen offline (experiments/bench/fused_kernel_configs.py)
+# and fixed here: no autotuning at start-up.
+CONFIGS = {256: (32, 32, 4), 512: (32, 32, 4)}
+
+
+def config_for(rows: int) -> tuple[int, int, int]:
+    """The fixed launch configuration for a layer of ``rows`` rows (<= MAX_ROWS)."""
+    return CONFIGS[256 if rows <= 256 else 512]
 
 
 def available() -> bool:
@@ -96,19 +102,23 @@ def _kernel():
     return member_linear_bn_relu_kernel
 
 
-def _launch(x, w, gamma, beta, eps, y_in_input_dtype):
+def _launch(x, w, gamma, beta, eps, y_in_input_dtype, config=None):
+    """The kernel's launch, outside autograd; ``config`` (BLOCK_N, BLOCK_K, num_warps) overrides the
+    table for the offline sweep."""
     members, rows, inputs = x.shape
+    block_n, block_k, num_warps = config or config_for(rows)
     features = w.shape[1]
     y = torch.empty((members, rows, features), dtype=x.dtype if y_in_input_dtype else torch.float32, device=x.device)
     xhat = torch.empty((members, rows, features), dtype=torch.float32, device=x.device)
     mean = torch.empty((members, features), dtype=torch.float32, device=x.device)
     var = torch.empty_like(mean)
     block_m = max(16, 1 << (rows - 1).bit_length())
-    grid = (members, -(-features // BLOCK_N))
+    grid = (members, -(-features // block_n))
     _kernel()[grid](
         x, w, gamma, beta, y, xhat, mean, var, eps,
         x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2),
-        rows=rows, features=features, inputs=inputs, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        rows=rows, features=features, inputs=inputs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps,
     )
     return y, xhat, mean, var
 

@@ -172,3 +172,19 @@ def test_on_cuda_the_fused_layer_trains_as_the_composite_one_under_bf16(mode):
     assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=2e-2)
     drift = (learners[1].critic.params - learners[0].critic.params).abs().max().item()
     assert drift < 2e-2, drift
+
+
+def test_the_configuration_sweep_checks_every_configuration_on_the_cpu(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from bench import fused_kernel_configs
+
+    out = tmp_path / "sweep.json"
+    assert fused_kernel_configs.main(["--device", "cpu", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    fused = [c for c in result["cells"] if c["variant"] == "fused"]
+    assert len(fused) == len(fused_kernel_configs.GRID) and result["configs_over_error_bound"] == 0
+    assert all(0 < c["max_abs_error"] < 1e-2 for c in fused)  # float16 output: one rounding, not zero, not garbage
