@@ -178,13 +178,14 @@ class EngineOptions:
     # loss and step), which loses the fused form's gradient-into-Adam fusion. Same mathematics:
     # eager is bit-identical to the plain loss. Study ours_graph_target_stream; off.
     critic_target_stream: bool = False
-    # The critic blocks' up projection, its training-mode BatchNorm and ReLU as one hand-written
-    # Triton kernel per layer (kernels.member_linear_bn_relu, a torch.library.triton_op: traced,
-    # compiled and captured with the rest) instead of a GEMM, a statistics reduction and an apply
-    # kernel; batches up to kernels.MAX_ROWS rows. The statistics come from the float32 accumulator,
+    # Each layer of a critic block in training mode (the up projection, BatchNorm, ReLU; the down
+    # projection, BatchNorm, ReLU and the skip connection) as one hand-written Triton kernel
+    # (kernels.member_linear_bn_relu, a torch.library.custom_op: traced, compiled and captured with
+    # the rest) instead of a GEMM, a statistics reduction and apply kernels; batches up to
+    # kernels.MAX_ROWS rows. The statistics come from the float32 accumulator,
     # so values agree with the composite path to the GEMM output's rounding. Needs Triton. Issue 45's
-    # first step; off until measured on the GPU (runs.toml fused_up_bn_relu_*).
-    fused_up_bn_relu: bool = False
+    # first step; off until measured on the GPU (runs.toml fused_linear_bn_relu_*).
+    fused_linear_bn_relu: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
@@ -230,8 +231,8 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
         for name in COMPILED_MODE_NETWORK_OPTIONS:  # a string from a command line ("false") would read as on
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be true, false or null (on in the compiled modes), got {getattr(self, name)!r}")
-        if self.fused_up_bn_relu not in (True, False):
-            raise ValueError(f"fused_up_bn_relu must be true or false, got {self.fused_up_bn_relu!r}")
+        if self.fused_linear_bn_relu not in (True, False):
+            raise ValueError(f"fused_linear_bn_relu must be true or false, got {self.fused_linear_bn_relu!r}")
         if self.input_bn_chunk_rows < 0:
             raise ValueError(f"input_bn_chunk_rows must be >= 0 (0: one pass), got {self.input_bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):

@@ -1,9 +1,9 @@
 """Hand-written Triton kernels inside the compiled objectives (issue 45): one launch where Inductor
-makes several. Off until measured on the GPU (EngineOptions.fused_up_bn_relu).
+makes several. Off until measured on the GPU (EngineOptions.fused_linear_bn_relu).
 
-`member_linear_bn_relu(x, w, gamma, beta)`: for every ensemble member n, the critic block's up
-projection h = x[n] @ w[n]^T, its training-mode BatchNorm over the rows and the ReLU, in one
-kernel. At the recipe's batch (256 rows) a program holds every row of a block of output features,
+`member_linear_bn_relu(x, w, gamma, beta[, residual])`: for every ensemble member n, a critic
+block's projection h = x[n] @ w[n]^T, its training-mode BatchNorm over the rows, the ReLU and, for
+the down projection, the block's skip connection, in one kernel: a SimbaV2 block is two launches. At the recipe's batch (256 rows) a program holds every row of a block of output features,
 so the batch statistics are a reduction inside the program: the GEMM's result is normalized where
 it was accumulated, never written and read back (today: a cuBLAS GEMM, a statistics reduction and
 an apply kernel per layer; results/roofline/README.md). Rows up to MAX_ROWS; larger batches keep
@@ -49,7 +49,7 @@ def available() -> bool:
 def require() -> None:
     """Register the op for a learner that asked for the fused kernel; a clear error without Triton."""
     if not available():
-        raise ValueError("fused_up_bn_relu=true needs Triton (the fused kernel is a Triton kernel); install triton or leave it off")
+        raise ValueError("fused_linear_bn_relu=true needs Triton (the fused kernel is a Triton kernel); install triton or leave it off")
     register()
 
 
@@ -65,10 +65,10 @@ def _kernel():
 
     @triton.jit
     def member_linear_bn_relu_kernel(
-        x_ptr, w_ptr, gamma_ptr, beta_ptr, y_ptr, xhat_ptr, mean_ptr, var_ptr,
-        eps, sx_n, sx_b, sx_k, sw_n, sw_o, sw_k,
+        x_ptr, w_ptr, gamma_ptr, beta_ptr, res_ptr, y_ptr, xhat_ptr, mean_ptr, var_ptr,
+        eps, sx_n, sx_b, sx_k, sw_n, sw_o, sw_k, sr_n, sr_b, sr_f,
         rows: tl.constexpr, features: tl.constexpr, inputs: tl.constexpr,  # the layer's static shape
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         member, block = tl.program_id(0), tl.program_id(1)
         rm = tl.arange(0, BLOCK_M)
@@ -94,6 +94,8 @@ def _kernel():
         y = tl.maximum(xhat * gamma[None, :] + beta[None, :], 0.0)
         out = member * rows * features + rm[:, None] * features + rn[None, :]
         ok = row_ok[:, None] & col_ok[None, :]
+        if HAS_RESIDUAL:  # the block's skip connection, added after the ReLU
+            y += tl.load(res_ptr + member * sr_n + rm[:, None] * sr_b + rn[None, :] * sr_f, mask=ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
         tl.store(xhat_ptr + out, xhat, mask=ok)
         tl.store(mean_ptr + member * features + rn, mean, mask=col_ok)
@@ -102,7 +104,7 @@ def _kernel():
     return member_linear_bn_relu_kernel
 
 
-def _launch(x, w, gamma, beta, eps, y_in_input_dtype, config=None):
+def _launch(x, w, gamma, beta, residual, eps, y_in_input_dtype, config=None):
     """The kernel's launch, outside autograd; ``config`` (BLOCK_N, BLOCK_K, num_warps) overrides the
     table for the offline sweep."""
     members, rows, inputs = x.shape
@@ -114,10 +116,12 @@ def _launch(x, w, gamma, beta, eps, y_in_input_dtype, config=None):
     var = torch.empty_like(mean)
     block_m = max(16, 1 << (rows - 1).bit_length())
     grid = (members, -(-features // block_n))
+    res_strides = residual.stride() if residual is not None else (0, 0, 0)
     _kernel()[grid](
-        x, w, gamma, beta, y, xhat, mean, var, eps,
-        x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2),
-        rows=rows, features=features, inputs=inputs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x, w, gamma, beta, residual if residual is not None else y, y, xhat, mean, var, eps,
+        x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1), w.stride(2), *res_strides,
+        rows=rows, features=features, inputs=inputs, HAS_RESIDUAL=residual is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps,
     )
     return y, xhat, mean, var
@@ -134,11 +138,12 @@ def register():
 
     @torch.library.custom_op("flashsac_opt::member_linear_bn_relu", mutates_args=())
     def member_linear_bn_relu_op(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-                                 eps: float, y_in_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return _launch(x, w, gamma, beta, eps, y_in_input_dtype)
+                                 residual: torch.Tensor | None, eps: float,
+                                 y_in_input_dtype: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _launch(x, w, gamma, beta, residual, eps, y_in_input_dtype)
 
     @member_linear_bn_relu_op.register_fake
-    def _(x, w, gamma, beta, eps, y_in_input_dtype):
+    def _(x, w, gamma, beta, residual, eps, y_in_input_dtype):
         members, rows, _ = x.shape
         xhat = x.new_empty((members, rows, w.shape[1]), dtype=torch.float32)
         stats = x.new_empty((members, w.shape[1]), dtype=torch.float32)
@@ -154,22 +159,24 @@ class _MemberLinearBNReLU(torch.autograd.Function):
     networks._MemberLinear)."""
 
     @staticmethod
-    def forward(x, w, gamma, beta, eps, y_in_input_dtype):
-        return torch.ops.flashsac_opt.member_linear_bn_relu(x, w, gamma, beta, eps, y_in_input_dtype)
+    def forward(x, w, gamma, beta, residual, eps, y_in_input_dtype):
+        return torch.ops.flashsac_opt.member_linear_bn_relu(x, w, gamma, beta, residual, eps, y_in_input_dtype)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w, gamma, _beta, eps, _y_in_input_dtype = inputs
-        y, xhat, _mean, var = output
-        ctx.save_for_backward(x, w, gamma, y, xhat, var)
+        x, w, gamma, beta, residual, eps, _y_in_input_dtype = inputs
+        _y, xhat, _mean, var = output
+        ctx.save_for_backward(x, w, gamma, beta, xhat, var)
         ctx.eps = eps
+        ctx.residual_dtype = residual.dtype if residual is not None else None
         ctx.mark_non_differentiable(xhat)
 
     @staticmethod
     def backward(ctx, grad_y, _grad_xhat, _grad_mean, _grad_var):
-        x, w, gamma, y, xhat, var = ctx.saved_tensors
+        x, w, gamma, beta, xhat, var = ctx.saved_tensors
         rstd = torch.rsqrt(var + ctx.eps).unsqueeze(1)
-        dz = grad_y * (y > 0)
+        # the ReLU's mask from its input, recomputed (y holds the residual where there is one)
+        dz = grad_y.float() * (xhat * gamma.unsqueeze(1) + beta.unsqueeze(1) > 0)
         dxhat = dz * gamma.unsqueeze(1)
         dh = rstd * (dxhat - dxhat.mean(dim=1, keepdim=True) - xhat * (dxhat * xhat).mean(dim=1, keepdim=True))
         dh = dh.to(x.dtype)
@@ -177,23 +184,29 @@ class _MemberLinearBNReLU(torch.autograd.Function):
         grad_w = torch.bmm(dh.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
         grad_gamma = (dz * xhat).sum(dim=1) if ctx.needs_input_grad[2] else None
         grad_beta = dz.sum(dim=1) if ctx.needs_input_grad[3] else None
-        return grad_x, grad_w, grad_gamma, grad_beta, None, None
+        grad_residual = grad_y.to(ctx.residual_dtype) if ctx.residual_dtype is not None and ctx.needs_input_grad[4] else None
+        return grad_x, grad_w, grad_gamma, grad_beta, grad_residual, None, None
 
 
 def member_linear_bn_relu(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-                          eps: float = 1e-5, y_in_input_dtype: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          eps: float = 1e-5, y_in_input_dtype: bool = False,
+                          residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """relu(BN_train(x[n] @ w[n]^T) * gamma[n] + beta[n]) for every member n: (y (members, rows, out),
     the batch mean and biased variance (members, out) float32). x and w in one dtype (the GEMM's:
     autocast's where it is on); gamma and beta (members, out) float32. y is float32, or in x's dtype
     with y_in_input_dtype: rounded once from the float32 result, so the next GEMM reads half the bytes
-    and no cast kernel runs (what relu_in_autocast_dtype does on the composite path)."""
+    and no cast kernel runs (what relu_in_autocast_dtype does on the composite path). ``residual``
+    (members, rows, out), any dtype, is added after the ReLU (a SimbaV2 block's down projection and
+    its skip connection in one launch)."""
     if not supports(x, w):
         raise ValueError(f"member_linear_bn_relu: x {tuple(x.shape)} and w {tuple(w.shape)} must be (members, rows, in) and "
                          f"(members, out, in) with 2..{MAX_ROWS} rows")
     if x.dtype != w.dtype:
         raise ValueError(f"member_linear_bn_relu: x is {x.dtype}, w is {w.dtype}: one GEMM dtype")
+    if residual is not None and residual.shape != (x.shape[0], x.shape[1], w.shape[1]):
+        raise ValueError(f"member_linear_bn_relu: residual {tuple(residual.shape)} is not the output's shape {(x.shape[0], x.shape[1], w.shape[1])}")
     if not _registered:  # eager callers; a compiled learner registered it at construction
         register()
-    y, _xhat, mean, var = _MemberLinearBNReLU.apply(x, w, gamma.float().contiguous(), beta.float().contiguous(), float(eps),
-                                                    bool(y_in_input_dtype))
+    y, _xhat, mean, var = _MemberLinearBNReLU.apply(x, w, gamma.float().contiguous(), beta.float().contiguous(), residual,
+                                                    float(eps), bool(y_in_input_dtype))
     return y, mean, var

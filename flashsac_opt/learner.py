@@ -73,11 +73,11 @@ class FlashSACLearner:
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
         critic_options = cfg.critic_network_options()
-        if cfg.fused_up_bn_relu:
+        if cfg.fused_linear_bn_relu:
             kernels.require()
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
-            net.fused_up_bn_relu = cfg.fused_up_bn_relu
+            net.fused_linear_bn_relu = cfg.fused_linear_bn_relu
             for name, value in critic_options.items():
                 setattr(net, name, value)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)
@@ -145,7 +145,7 @@ class FlashSACLearner:
             state=self._state_tensors(),
             # member_linear is a custom autograd.Function: without this every launch re-traced
             # the options' graphs (their warm start doubled beside UniLab, 2026-12-02)
-            cache_custom_autograd_functions=self.critic.contiguous_weight_grads or self.critic.fused_up_bn_relu,
+            cache_custom_autograd_functions=self.critic.contiguous_weight_grads or self.critic.fused_linear_bn_relu,
             reduce=self.averager.average if self.averager is not None else None,
             # what names the default ("auto") cache file, with what the engine adds
             compile_cache_key={"dims": dict(self.dims), "config": asdict(cfg)},

@@ -478,15 +478,15 @@ class FlashSACCritic(_FlatNetwork):
     shared_input_bn_statistics = False
     # The up projections' ReLU on autocast's dtype (EngineOptions.relu_in_autocast_dtype).
     relu_in_autocast_dtype = False
-    # Up projection, training-mode BN and ReLU in one Triton kernel (EngineOptions.fused_up_bn_relu).
-    fused_up_bn_relu = False
+    # Up projection, training-mode BN and ReLU in one Triton kernel (EngineOptions.fused_linear_bn_relu).
+    fused_linear_bn_relu = False
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.contiguous_weight_grads:
             return member_linear(x, w)
         return torch.einsum("nbi,noi->nbo", x, w)
 
-    def _fused_up_bn_relu(self, x, w, p, s, name, new_stats):
+    def _fused_linear_bn_relu(self, x, w, p, s, name, new_stats, residual=None):
         """relu(BN_train(x @ w^T)) in one kernel (kernels.member_linear_bn_relu): the GEMM on
         autocast's dtype where it is on, as autocast would cast it; the output rounded to that dtype
         in the kernel under relu_in_autocast_dtype (the composite path's cast); the running
@@ -494,8 +494,9 @@ class FlashSACCritic(_FlatNetwork):
         low_dtype = autocast_dtype(x.device.type)
         dtype = low_dtype or torch.promote_types(x.dtype, w.dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            y, mean, var = kernels.member_linear_bn_relu(x.to(dtype), w.to(dtype), p[f"{name}.weight"], p[f"{name}.bias"], BN_EPS,
-                                                         y_in_input_dtype=self.relu_in_autocast_dtype and low_dtype is not None)
+            y, mean, var = kernels.member_linear_bn_relu(
+                x.to(dtype), w.to(dtype), p[f"{name}.weight"], p[f"{name}.bias"], BN_EPS,
+                y_in_input_dtype=residual is None and self.relu_in_autocast_dtype and low_dtype is not None, residual=residual)
         rows = x.shape[1]
         new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
         new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))
@@ -569,17 +570,19 @@ class FlashSACCritic(_FlatNetwork):
         x = self._linear(self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
             b = f"block{i}"
-            if training and self.fused_up_bn_relu and kernels.supports(x, w[f"{b}.up"]):
-                y = self._fused_up_bn_relu(x, w[f"{b}.up"], p, s, f"{b}.up_bn", new_stats)
-            else:
-                y = self._linear(x, w[f"{b}.up"])
-                y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
-                if self.relu_in_autocast_dtype and (low_dtype := autocast_dtype(y.device.type)) is not None:
-                    # Round before the ReLU, not after: rounding to nearest keeps order and sign, so
-                    # the down GEMM gets the same values, and the backward keeps this bf16 output
-                    # instead of an fp32 one (the fp32 comes from the BN affine's fp32 weights).
-                    y = y.to(low_dtype)
-                y = F.relu(y)
+            if training and self.fused_linear_bn_relu and kernels.supports(x, w[f"{b}.up"]):
+                y = self._fused_linear_bn_relu(x, w[f"{b}.up"], p, s, f"{b}.up_bn", new_stats)
+                # the down projection, its BN and ReLU and the skip connection: a second launch
+                x = self._fused_linear_bn_relu(y, w[f"{b}.down"], p, s, f"{b}.down_bn", new_stats, residual=x)
+                continue
+            y = self._linear(x, w[f"{b}.up"])
+            y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
+            if self.relu_in_autocast_dtype and (low_dtype := autocast_dtype(y.device.type)) is not None:
+                # Round before the ReLU, not after: rounding to nearest keeps order and sign, so
+                # the down GEMM gets the same values, and the backward keeps this bf16 output
+                # instead of an fp32 one (the fp32 comes from the BN affine's fp32 weights).
+                y = y.to(low_dtype)
+            y = F.relu(y)
             y = self._linear(y, w[f"{b}.down"])
             y = F.relu(self._bn(y, p, s, f"{b}.down_bn", training, new_stats))
             x = y + x

@@ -27,12 +27,13 @@ def composite(x, w, gamma, beta):
     return y, mean.squeeze(1), var.squeeze(1)
 
 
-@pytest.mark.parametrize("members,rows,inputs,features,expanded", [
-    (2, 40, 24, 48, False),   # rows, inputs and features off the block sizes (masked edges)
-    (2, 2, 8, 32, False),     # the fewest rows BatchNorm allows
-    (3, 64, 40, 70, True),    # the critic's input rows: one tensor expanded over the members (stride 0)
+@pytest.mark.parametrize("members,rows,inputs,features,expanded,residual", [
+    (2, 40, 24, 48, False, False),   # rows, inputs and features off the block sizes (masked edges)
+    (2, 2, 8, 32, False, False),     # the fewest rows BatchNorm allows
+    (3, 64, 40, 70, True, False),    # the critic's input rows: one tensor expanded over the members (stride 0)
+    (2, 40, 96, 24, False, True),    # a down projection with its skip connection added after the ReLU
 ])
-def test_the_kernel_is_the_composite_layer_forward_and_backward(members, rows, inputs, features, expanded):
+def test_the_kernel_is_the_composite_layer_forward_and_backward(members, rows, inputs, features, expanded, residual):
     g = torch.Generator().manual_seed(rows)
     if expanded:
         x = torch.randn(1, rows, inputs, generator=g).expand(members, -1, -1).clone().requires_grad_()
@@ -43,16 +44,21 @@ def test_the_kernel_is_the_composite_layer_forward_and_backward(members, rows, i
     w = torch.randn(members, features, inputs, generator=g, requires_grad=True)
     gamma = (torch.rand(members, features, generator=g) + 0.5).requires_grad_()
     beta = torch.randn(members, features, generator=g, requires_grad=True)
-    y, mean, var = kernels.member_linear_bn_relu(x_in, w, gamma, beta, BN_EPS)
+    skip = torch.randn(members, rows, features, generator=g, requires_grad=True) if residual else None
+    y, mean, var = kernels.member_linear_bn_relu(x_in, w, gamma, beta, BN_EPS, residual=skip)
     y_ref, mean_ref, var_ref = composite(x_in, w, gamma, beta)
+    relu_out = y_ref
+    if residual:
+        y_ref = y_ref + skip
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(var, var_ref, rtol=1e-5, atol=1e-5)
-    assert (y > 0).any() and (y == 0).any()  # the ReLU cut something: its mask is exercised
+    assert (relu_out > 0).any() and (relu_out == 0).any()  # the ReLU cut something: its mask is exercised
     grad = torch.randn(y.shape, generator=g)
-    got = torch.autograd.grad(y, (x, w, gamma, beta), grad)
-    want = torch.autograd.grad(y_ref, (x, w, gamma, beta), grad)
-    for name, a, b in zip(("x", "w", "gamma", "beta"), got, want):
+    inputs_ = (x, w, gamma, beta) + ((skip,) if residual else ())
+    got = torch.autograd.grad(y, inputs_, grad)
+    want = torch.autograd.grad(y_ref, inputs_, grad)
+    for name, a, b in zip(("x", "w", "gamma", "beta", "residual"), got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
@@ -86,13 +92,15 @@ def test_shapes_and_dtypes_the_kernel_does_not_take_are_refused():
         kernels.member_linear_bn_relu(x, w, gamma, beta)
     with pytest.raises(ValueError, match="one GEMM dtype"):
         kernels.member_linear_bn_relu(x[:, :16], w.double(), gamma, beta)
+    with pytest.raises(ValueError, match="residual .* is not the output's shape"):
+        kernels.member_linear_bn_relu(x[:, :16], w, gamma, beta, residual=torch.zeros(2, 16, 8))
 
 
 def test_a_critic_with_the_fused_layer_is_the_composite_critic():
     torch.manual_seed(0)
     plain = FlashSACCritic(20, 5, hidden_dim=32, num_blocks=2, num_atoms=11)
     fused = copy.deepcopy(plain)
-    fused.fused_up_bn_relu = True
+    fused.fused_linear_bn_relu = True
     obs, actions = torch.randn(48, 20), torch.randn(48, 5)
     q, log_probs, stats = plain(obs, actions, True)
     q_f, log_probs_f, stats_f = fused(obs, actions, True)
@@ -127,9 +135,9 @@ def test_a_learner_with_the_fused_layer_updates_as_the_composite_one(mode, monke
     learners = []
     for fused in (False, True):
         torch.manual_seed(0)
-        learners.append(FlashSACLearner(_small_config(fused_up_bn_relu=fused, **mode), **dims, device=CPU))
+        learners.append(FlashSACLearner(_small_config(fused_linear_bn_relu=fused, **mode), **dims, device=CPU))
     plain, fused = learners
-    assert fused.critic.fused_up_bn_relu and fused.target_critic.fused_up_bn_relu and not plain.critic.fused_up_bn_relu
+    assert fused.critic.fused_linear_bn_relu and fused.target_critic.fused_linear_bn_relu and not plain.critic.fused_linear_bn_relu
     for learner in learners:  # each from the same RNG state: the actor's noise comes from the global generator
         torch.manual_seed(1)
         for i in range(3):
@@ -145,10 +153,10 @@ def test_a_learner_with_the_fused_layer_updates_as_the_composite_one(mode, monke
 
 def test_the_switch_needs_triton(monkeypatch):
     monkeypatch.setattr(kernels, "available", lambda: False)
-    with pytest.raises(ValueError, match="fused_up_bn_relu=true needs Triton"):
-        FlashSACLearner(_small_config(fused_up_bn_relu=True), obs_dim=12, critic_obs_dim=14, action_dim=4, device=CPU)
-    with pytest.raises(ValueError, match="fused_up_bn_relu must be true or false"):
-        _small_config(fused_up_bn_relu="yes")
+    with pytest.raises(ValueError, match="fused_linear_bn_relu=true needs Triton"):
+        FlashSACLearner(_small_config(fused_linear_bn_relu=True), obs_dim=12, critic_obs_dim=14, action_dim=4, device=CPU)
+    with pytest.raises(ValueError, match="fused_linear_bn_relu must be true or false"):
+        _small_config(fused_linear_bn_relu="yes")
 
 
 @pytest.mark.gpu
@@ -161,7 +169,7 @@ def test_on_cuda_the_fused_layer_trains_as_the_composite_one_under_bf16(mode):
     learners = []
     for fused in (False, True):
         torch.manual_seed(0)
-        cfg = FlashSACConfig(learner_mode=mode, batch_size=256, updates_per_step=8, fused_up_bn_relu=fused)
+        cfg = FlashSACConfig(learner_mode=mode, batch_size=256, updates_per_step=8, fused_linear_bn_relu=fused)
         learners.append(FlashSACLearner(cfg, **dims, device=torch.device("cuda")))
     for learner in learners:
         torch.manual_seed(1)
@@ -186,5 +194,7 @@ def test_the_configuration_sweep_checks_every_configuration_on_the_cpu(tmp_path)
     assert fused_kernel_configs.main(["--device", "cpu", "--output", str(out)]) == 0
     result = json.loads(out.read_text())
     fused = [c for c in result["cells"] if c["variant"] == "fused"]
-    assert len(fused) == len(fused_kernel_configs.GRID) and result["configs_over_error_bound"] == 0
-    assert all(0 < c["max_abs_error"] < 1e-2 for c in fused)  # float16 output: one rounding, not zero, not garbage
+    # an up projection and a down projection with its skip connection, each in every configuration
+    assert len(fused) == 2 * len(fused_kernel_configs.GRID) and result["configs_over_error_bound"] == 0
+    assert {c["skip_connection"] for c in fused} == {True, False}
+    assert all(0 < c["max_abs_error"] < 1e-2 for c in fused)  # float16 GEMM: its rounding, not zero, not garbage

@@ -30,15 +30,18 @@ from flashsac_opt.networks import BN_EPS, EXPANSION
 
 MEMBERS = 2
 # rows per update at B256 and the 512 rows of a critic pass over two batches; the critic's up
-# projection (hidden 256 -> 1024) and the wider critic of hidden 512
-SHAPES = [(rows, hidden, hidden * EXPANSION) for rows in (256, 512) for hidden in (256, 512)]
+# projection (hidden 256 -> 1024) and its down projection with the skip connection (1024 -> 256)
+SHAPES = [(rows, inputs, features) for rows in (256, 512) for inputs, features in ((256, 256 * EXPANSION), (256 * EXPANSION, 256))]
 GRID = list(itertools.product((16, 32, 64), (32, 64), (4, 8)))  # BLOCK_N, BLOCK_K, num_warps
 
 
-def composite(x, w, gamma, beta):
+def composite(x, w, gamma, beta, residual):
+    """The layer as the critic computes it without the kernel: the up projection's output rounded
+    to the GEMM dtype, the down projection's float32 with the skip connection."""
     h = torch.bmm(x, w.transpose(1, 2)).float()
     mean, var = h.mean(1, keepdim=True), h.var(1, correction=0, keepdim=True)
-    return torch.relu((h - mean) * torch.rsqrt(var + BN_EPS) * gamma.unsqueeze(1) + beta.unsqueeze(1)).to(x.dtype)
+    y = torch.relu((h - mean) * torch.rsqrt(var + BN_EPS) * gamma.unsqueeze(1) + beta.unsqueeze(1))
+    return y.to(x.dtype) if residual is None else y + residual
 
 
 def operands(rows, inputs, features, dtype, device):
@@ -47,7 +50,8 @@ def operands(rows, inputs, features, dtype, device):
     w = (torch.randn(MEMBERS, features, inputs, generator=g, device=device) / inputs**0.5).to(dtype)
     gamma = torch.rand(MEMBERS, features, generator=g, device=device) + 0.5
     beta = torch.randn(MEMBERS, features, generator=g, device=device) * 0.1
-    return x, w, gamma, beta
+    residual = torch.randn(MEMBERS, rows, features, generator=g, device=device) if inputs > features else None
+    return x, w, gamma, beta, residual
 
 
 def cell(step, calls, repeat, timed):
@@ -63,20 +67,22 @@ def cell(step, calls, repeat, timed):
 def sweep(device: str, calls: int, repeat: int) -> list[dict]:
     timed = device == "cuda"
     dtype = torch.bfloat16 if timed else torch.float16  # the interpreter misreads bfloat16
-    shapes = SHAPES if timed else [(40, 16, 16 * EXPANSION)]
+    shapes = SHAPES if timed else [(40, 16, 16 * EXPANSION), (40, 16 * EXPANSION, 16)]
     compiled = torch.compile(composite) if timed else composite
     cells = []
     for rows, inputs, features in shapes:
-        x, w, gamma, beta = operands(rows, inputs, features, dtype, device)
-        want = composite(x, w, gamma, beta).float()
-        shape = {"members": MEMBERS, "rows": rows, "inputs": inputs, "features": features, "dtype": str(dtype)}
-        cells.append({**shape, "variant": "composite (bmm + Inductor)", **cell(lambda: compiled(x, w, gamma, beta), calls, repeat, timed)})
+        x, w, gamma, beta, residual = operands(rows, inputs, features, dtype, device)
+        want = composite(x, w, gamma, beta, residual).float()
+        shape = {"members": MEMBERS, "rows": rows, "inputs": inputs, "features": features, "dtype": str(dtype),
+                 "skip_connection": residual is not None}
+        cells.append({**shape, "variant": "composite (bmm + Inductor)",
+                      **cell(lambda: compiled(x, w, gamma, beta, residual), calls, repeat, timed)})
         cells.append({**shape, "variant": "bmm alone", **cell(lambda: torch.bmm(x, w.transpose(1, 2)), calls, repeat, timed)})
         for block_n, block_k, warps in GRID:
             config = (block_n, block_k, warps)
 
             def step(config=config):
-                return kernels._launch(x, w, gamma, beta, BN_EPS, True, config)[0]
+                return kernels._launch(x, w, gamma, beta, residual, BN_EPS, residual is None, config)[0]
 
             error = (step().float() - want).abs().max().item()
             cells.append({**shape, "variant": "fused", "block_n": block_n, "block_k": block_k, "num_warps": warps,
