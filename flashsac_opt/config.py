@@ -178,7 +178,7 @@ class EngineOptions:
     # loss and step), which loses the fused form's gradient-into-Adam fusion. Same mathematics:
     # eager is bit-identical to the plain loss. Study ours_graph_target_stream; off.
     critic_target_stream: bool = False
-    # Each layer of a critic block in training mode (the up projection, BatchNorm, ReLU; the down
+    # Each layer of a critic or actor block in training mode (the up projection, BatchNorm, ReLU; the down
     # projection, BatchNorm, ReLU and the skip connection) as one hand-written Triton kernel
     # (kernels.member_linear_bn_relu, a torch.library.custom_op: traced, compiled and captured with
     # the rest) instead of a GEMM, a statistics reduction and apply kernels; batches up to

@@ -72,12 +72,12 @@ class FlashSACLearner:
         self.target_critic.params.requires_grad_(False)
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
+            net.fused_linear_bn_relu = cfg.fused_linear_bn_relu
         critic_options = cfg.critic_network_options()
         if cfg.fused_linear_bn_relu:
             kernels.require()
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
-            net.fused_linear_bn_relu = cfg.fused_linear_bn_relu
             for name, value in critic_options.items():
                 setattr(net, name, value)
         self.temperature = FlashSACTemperature(cfg.temp_initial_value).to(self.device)

@@ -117,6 +117,10 @@ class _FlatNetwork(nn.Module):
     stats_layout: FlatLayout
     gemm_layout: FlatLayout  # the "rows" (GEMM weight) slots: a prefix of ``layout``
     cast_gemm_weights_once = True
+    # Each block layer's GEMM, training-mode BN, ReLU (and skip connection) in one Triton kernel
+    # (EngineOptions.fused_linear_bn_relu).
+    fused_linear_bn_relu = False
+    relu_in_autocast_dtype = False  # the critic's option; the actor's up projections stay float32
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -151,6 +155,42 @@ class _FlatNetwork(nn.Module):
         if not (self.cast_gemm_weights_once and flat.dtype == torch.float32 and low_dtype is not None):
             return views
         return self.gemm_layout.views(flat[: self.gemm_layout.numel].to(low_dtype))
+
+    def _fused_linear_bn_relu(self, x, w, p, s, name, new_stats, residual=None):
+        """relu(BN_train(x @ w^T)) (+ residual) in one kernel (kernels.member_linear_bn_relu), for
+        an ensemble's (members, rows, in) or one network's (rows, in) rows: the GEMM on autocast's
+        dtype where it is on, as autocast would cast it; the output rounded to that dtype in the
+        kernel under relu_in_autocast_dtype (the composite path's cast); the running statistics
+        committed as the composite path commits them."""
+        one = x.dim() == 2  # the actor: one member
+        gamma, beta = p[f"{name}.weight"], p[f"{name}.bias"]
+        if one:
+            x, w, gamma, beta = x.unsqueeze(0), w.unsqueeze(0), gamma.unsqueeze(0), beta.unsqueeze(0)
+            residual = residual.unsqueeze(0) if residual is not None else None
+        low_dtype = autocast_dtype(x.device.type)
+        dtype = low_dtype or torch.promote_types(x.dtype, w.dtype)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            y, mean, var = kernels.member_linear_bn_relu(
+                x.to(dtype), w.to(dtype), gamma, beta, BN_EPS,
+                y_in_input_dtype=residual is None and self.relu_in_autocast_dtype and low_dtype is not None, residual=residual)
+        if one:
+            y, mean, var = y.squeeze(0), mean.squeeze(0), var.squeeze(0)
+        rows = x.shape[1]
+        new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
+        new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))
+        return y
+
+    def _block(self, x, w, p, s, i, training, new_stats):
+        """One SimbaV2 block in training mode through the fused kernel: two launches (up: GEMM, BN,
+        ReLU; down: GEMM, BN, ReLU, skip connection). None where the kernel does not apply (the
+        composite path then runs)."""
+        b = f"block{i}"
+        rows_in = x if x.dim() == 3 else x.unsqueeze(0)
+        w_up = w[f"{b}.up"] if x.dim() == 3 else w[f"{b}.up"].unsqueeze(0)
+        if not (training and self.fused_linear_bn_relu and kernels.supports(rows_in, w_up)):
+            return None
+        y = self._fused_linear_bn_relu(x, w[f"{b}.up"], p, s, f"{b}.up_bn", new_stats)
+        return self._fused_linear_bn_relu(y, w[f"{b}.down"], p, s, f"{b}.down_bn", new_stats, residual=x)
 
     def renormalized(self, flat: torch.Tensor) -> torch.Tensor:
         """Post-step renormalization of a flat parameter tensor (returns a new tensor).
@@ -240,6 +280,9 @@ class FlashSACActor(_FlatNetwork):
         new_stats: list[torch.Tensor] = []
         x = F.linear(self._bn(obs, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
+            if (fused := self._block(x, w, p, s, i, training, new_stats)) is not None:
+                x = fused
+                continue
             b = f"block{i}"
             y = F.relu(self._bn(F.linear(x, w[f"{b}.up"]), p, s, f"{b}.up_bn", training, new_stats))
             y = F.relu(self._bn(F.linear(y, w[f"{b}.down"]), p, s, f"{b}.down_bn", training, new_stats))
@@ -478,29 +521,11 @@ class FlashSACCritic(_FlatNetwork):
     shared_input_bn_statistics = False
     # The up projections' ReLU on autocast's dtype (EngineOptions.relu_in_autocast_dtype).
     relu_in_autocast_dtype = False
-    # Up projection, training-mode BN and ReLU in one Triton kernel (EngineOptions.fused_linear_bn_relu).
-    fused_linear_bn_relu = False
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.contiguous_weight_grads:
             return member_linear(x, w)
         return torch.einsum("nbi,noi->nbo", x, w)
-
-    def _fused_linear_bn_relu(self, x, w, p, s, name, new_stats, residual=None):
-        """relu(BN_train(x @ w^T)) in one kernel (kernels.member_linear_bn_relu): the GEMM on
-        autocast's dtype where it is on, as autocast would cast it; the output rounded to that dtype
-        in the kernel under relu_in_autocast_dtype (the composite path's cast); the running
-        statistics as _bn commits them."""
-        low_dtype = autocast_dtype(x.device.type)
-        dtype = low_dtype or torch.promote_types(x.dtype, w.dtype)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            y, mean, var = kernels.member_linear_bn_relu(
-                x.to(dtype), w.to(dtype), p[f"{name}.weight"], p[f"{name}.bias"], BN_EPS,
-                y_in_input_dtype=residual is None and self.relu_in_autocast_dtype and low_dtype is not None, residual=residual)
-        rows = x.shape[1]
-        new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
-        new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))
-        return y
 
     def _bn(self, x, p, s, name, training, new_stats):
         w, b = p[f"{name}.weight"].unsqueeze(1), p[f"{name}.bias"].unsqueeze(1)
@@ -569,12 +594,10 @@ class FlashSACCritic(_FlatNetwork):
         x = x.unsqueeze(0).expand(w["in_proj"].shape[0], -1, -1)
         x = self._linear(self._bn(x, p, s, "in_bn", training, new_stats), w["in_proj"])
         for i in range(self.num_blocks):
-            b = f"block{i}"
-            if training and self.fused_linear_bn_relu and kernels.supports(x, w[f"{b}.up"]):
-                y = self._fused_linear_bn_relu(x, w[f"{b}.up"], p, s, f"{b}.up_bn", new_stats)
-                # the down projection, its BN and ReLU and the skip connection: a second launch
-                x = self._fused_linear_bn_relu(y, w[f"{b}.down"], p, s, f"{b}.down_bn", new_stats, residual=x)
+            if (fused := self._block(x, w, p, s, i, training, new_stats)) is not None:
+                x = fused
                 continue
+            b = f"block{i}"
             y = self._linear(x, w[f"{b}.up"])
             y = self._bn(y, p, s, f"{b}.up_bn", training, new_stats)
             if self.relu_in_autocast_dtype and (low_dtype := autocast_dtype(y.device.type)) is not None:

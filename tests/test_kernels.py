@@ -14,7 +14,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1": 
                 allow_module_level=True)
 
 from flashsac_opt import FlashSACConfig, FlashSACLearner, kernels  # noqa: E402
-from flashsac_opt.networks import BN_EPS, FlashSACCritic  # noqa: E402
+from flashsac_opt.networks import BN_EPS, FlashSACActor, FlashSACCritic  # noqa: E402
 from flashsac_opt.testing.oracle import synthetic_batch  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -115,6 +115,25 @@ def test_a_critic_with_the_fused_layer_is_the_composite_critic():
     assert torch.equal(fused(obs, actions, False)[0], plain(obs, actions, False)[0])
 
 
+def test_an_actor_with_the_fused_layer_is_the_composite_actor():
+    """The actor's blocks (one member: its rows go through the kernel as a one-member ensemble)."""
+    torch.manual_seed(0)
+    plain = FlashSACActor(obs_dim=10, action_dim=3, hidden_dim=16)
+    fused = copy.deepcopy(plain)
+    fused.fused_linear_bn_relu = True
+    obs = torch.randn(48, 10)
+    mean, std, stats = plain.distribution_params(obs, plain.params, plain.bn_stats, True)
+    mean_f, std_f, stats_f = fused.distribution_params(obs, fused.params, fused.bn_stats, True)
+    torch.testing.assert_close(mean_f, mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(std_f, std, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats_f, stats, rtol=1e-5, atol=1e-6)
+    grad, = torch.autograd.grad((mean * std).sum(), plain.params)
+    grad_f, = torch.autograd.grad((mean_f * std_f).sum(), fused.params)
+    torch.testing.assert_close(grad_f, grad, rtol=1e-4, atol=1e-4)
+    assert torch.equal(fused.distribution_params(obs, fused.params, fused.bn_stats, False)[0],
+                       plain.distribution_params(obs, plain.params, plain.bn_stats, False)[0])
+
+
 def _small_config(**options) -> FlashSACConfig:
     options.setdefault("learner_mode", "eager")
     return FlashSACConfig(batch_size=32, updates_per_step=2, critic_hidden_dim=32, actor_hidden_dim=16,
@@ -137,13 +156,17 @@ def test_a_learner_with_the_fused_layer_updates_as_the_composite_one(mode, monke
         torch.manual_seed(0)
         learners.append(FlashSACLearner(_small_config(fused_linear_bn_relu=fused, **mode), **dims, device=CPU))
     plain, fused = learners
-    assert fused.critic.fused_linear_bn_relu and fused.target_critic.fused_linear_bn_relu and not plain.critic.fused_linear_bn_relu
+    assert all(net.fused_linear_bn_relu for net in (fused.critic, fused.target_critic, fused.actor))
+    assert not plain.critic.fused_linear_bn_relu
     for learner in learners:  # each from the same RNG state: the actor's noise comes from the global generator
         torch.manual_seed(1)
         for i in range(3):
             learner.update(synthetic_batch(64, 12, 14, 4, torch.Generator().manual_seed(i)))
-    # the kernel ran: per update the critic's and the target critic's blocks (each block one launch)
-    assert len(launches) >= 3 * 2
+    # every training-mode block ran as two launches: per update the critic's and the target
+    # critic's blocks, and at every policy_frequency-th update the actor's
+    cfg, updates = plain.cfg, 3 * 2
+    per_update = 2 * 2 * cfg.critic_num_blocks + 2 * cfg.actor_num_blocks / cfg.policy_frequency
+    assert len(launches) == updates * per_update
     m, m_f = plain.read_metrics(), fused.read_metrics()
     assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=1e-4)
     for a, b in ((plain.critic.params, fused.critic.params), (plain.critic.bn_stats, fused.critic.bn_stats),
