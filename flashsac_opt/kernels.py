@@ -30,7 +30,7 @@ import torch
 MAX_ROWS = 512  # a program holds rows x BLOCK_N float32 accumulators
 # (BLOCK_N, BLOCK_K, num_warps) by rows per program, chosen offline (experiments/bench/fused_kernel_configs.py)
 # and fixed here: no autotuning at start-up.
-CONFIGS = {256: (32, 32, 4), 512: (32, 32, 4)}
+CONFIGS = {256: (16, 64, 8), 512: (16, 64, 8)}
 
 
 def config_for(rows: int) -> tuple[int, int, int]:
