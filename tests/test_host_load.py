@@ -14,8 +14,10 @@ from report.host_load import HostLoad, read_processes, tree  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not HostLoad.available(), reason="needs Linux /proc")
 
-# A stand-in training: a parent that sleeps while a child it started computes.
-BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    sum(range(1000))\n"
+# A stand-in training: a parent that sleeps while a child it started computes. The busy loops count
+# their own CPU time, not the wall clock, so a host shared with other tests (CI's two cores, pytest
+# -n 2) still gives each its CPU seconds; the share of a core they get then varies.
+BUSY = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end:\n    sum(range(1000))\n"
 TRAINING = ("import subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-c', {busy!r}])\n"
             "time.sleep(0.2)\nchild.wait()\n")
@@ -45,13 +47,13 @@ def test_the_training_s_child_and_an_outside_process_are_told_apart(tmp_path):
     report = load.stop(launched)
     ours = {p["pid"]: p for p in report["training_processes"]}
     busiest = report["training_processes"][0]
-    # the child did the training's work: about 1.5 CPU seconds, one core while it ran
+    # the child did the training's work: about 1.5 CPU seconds, a good part of a core while it ran
     assert busiest["pid"] != training.pid and not busiest["root"]
-    assert busiest["cpu_s"] > 0.8 and busiest["cores"]["p90"] > 0.6
+    assert busiest["cpu_s"] > 0.8 and busiest["cores"]["p90"] > 0.3
     assert outside.pid not in ours
     top = {p["pid"]: p for p in report["outside_training_top"]}
     assert outside.pid in top and top[outside.pid]["cpu_s"] > 0.8
-    assert report["outside_training_cores"]["p90"] > 0.6
+    assert report["outside_training_cores"]["p90"] > 0.3
     assert report["samples"] >= 5 and report["cpu_count"] >= 1
     # a window after everything ended holds no sample
     assert load.stop(launched, since_s=1e6)["samples"] == 0

@@ -77,7 +77,10 @@ def measure(env, steps: int, warmup: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     rows: list[dict] = []
     wall = []
+    warmup_started = time.perf_counter()
     for i in range(warmup + steps):
+        if i == warmup:
+            warmup_s = time.perf_counter() - warmup_started
         action = (torch.rand(n, action_dim, generator=g) * 2 - 1).to(device)
         started = time.perf_counter()
         env.step(action)
@@ -94,6 +97,8 @@ def measure(env, steps: int, warmup: int, seed: int) -> dict:
     keys = sorted({k for r in rows for k in r})
     return {
         "device": str(device),
+        # the first steps build UniLab's torch.compile'd reset (a C++ build on the CPU carrier, cold cache)
+        "warmup_s": warmup_s,
         "wall_ms": stats(wall),
         "phases_ms": {k: stats([r.get(k, 0.0) for r in rows]) for k in PHASES if any(k in r for r in rows)},
         "all_medians": {k: statistics.median([r.get(k, 0.0) for r in rows]) for k in keys},
@@ -106,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200, help="timed steps per carrier")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (UniLab's compiled reset builds at first use)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (UniLab's compiled reset builds at first use; >= 1)")
     parser.add_argument("--carriers", nargs="+", default=["cuda", "cpu"], choices=["auto", "cuda", "cpu"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (UniLab gives its collector one at 16 CPUs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.warmup < 1 or args.steps < 2:
+        parser.error("--warmup must be at least 1 and --steps at least 2")
 
     import torch
 
