@@ -2,17 +2,16 @@
 random actions, each step's phases as UniLab's own timing reports them (`info["timing"]`: MuJoCo's
 step, the managers' state update, the reset of finished envs), per collector tensor carrier.
 
-On a GPU host the training's collector keeps its tensors on the learner's CUDA device (UniLab's
-`training.collector_tensor_device=auto`), so every small torch op of the state update and the
-resets is a kernel launch and a wait; the CPU carrier (`cpu`, an opt-in UniLab guards with
-UNILAB_ALLOW_CUDA_LEARNER_CPU_CARRIER) keeps them on the host. The same steps with each carrier, in
-one process, one after the other, say what the carrier costs the collector by itself (a training
-adds the learner's contention on top: MPS or time-slicing).
+On a GPU host the collector keeps its tensors on the learner's CUDA device (UniLab's
+`training.collector_tensor_device=auto`): every small op of the state update and the resets is a
+kernel launch and a wait. The CPU carrier (opt-in: UNILAB_ALLOW_CUDA_LEARNER_CPU_CARRIER) keeps them
+on the host. Both, one after the other in one process, give the carrier's own cost (a training adds
+the learner's contention).
 
     python experiments/bench/collector_step.py --envs 256 --steps 200 --carriers cuda cpu --output /tmp/collector_step.json
 
 It needs UniLab 1.5.2 and a G1 scene: it copies the installed `unilab` package into a temporary
-folder and adds the placeholder meshes there (flashsac_opt.unilab.assets), as the CPU tests do.
+folder with placeholder meshes, as the device's training driver does.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -32,22 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: co
 # the phases of UniLab's step timing this reports (the rest stays in the raw medians)
 PHASES = ("env_step_total_ms", "step_core_ms", "backend_physics_ms", "update_state_ms", "reset_done_ms",
           "reset_done_reset_call_ms", "apply_action_ms")
-
-
-def unilab_copy(work: Path) -> Path:
-    """A private copy of the installed unilab package with the G1 placeholders; its scene path."""
-    import importlib.util
-
-    from flashsac_opt.unilab.assets import placeholder_meshes
-
-    spec = importlib.util.find_spec("unilab")
-    if spec is None or spec.origin is None:
-        raise SystemExit("collector_step.py needs UniLab 1.5.2 installed (pip install 'unilab[mujoco]==1.5.2')")
-    src = Path(spec.origin).parent
-    shutil.copytree(src, work / "unilab", ignore=shutil.ignore_patterns("__pycache__"))
-    for info in src.parent.glob("unilab-*.dist-info"):
-        shutil.copytree(info, work / info.name)
-    return placeholder_meshes(work / "unilab").scene
 
 
 def make_env(envs: int, carrier: str, scene: Path, conf: Path):
@@ -107,6 +89,7 @@ def measure(env, steps: int, warmup: int, seed: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from common import run_environment
+    from device.trainings import copy_installed_unilab
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", type=int, default=256)
@@ -132,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
               "carriers": {}, "skipped_carriers": skipped}
     with tempfile.TemporaryDirectory(prefix="collector_step_") as tmp:
         work = Path(tmp)
-        scene = unilab_copy(work)
+        copy_installed_unilab(work)  # the training driver's copy, with the G1 placeholder meshes
+        scene = work / "unilab" / "assets" / "robots" / "g1" / "scene_flat.xml"
         sys.path.insert(0, str(work))
         for name in [m for m in sys.modules if m == "unilab" or m.startswith("unilab.")]:
             del sys.modules[name]

@@ -2,14 +2,13 @@
 (flashsac_opt/kernels.py) at the critic's shapes, every launch configuration of a small grid,
 against the composite layer it replaces (bmm + Inductor's statistics and apply kernels).
 
-Each cell is one CUDA graph of `--calls` forward calls back to back, replayed `--repeat` times
-(microseconds per call: median and p90), and the largest difference from the composite's output
-on the same operands. Forward only: the configuration changes only the forward kernel.
+Each cell: one CUDA graph of `--calls` forward calls, replayed `--repeat` times (us per call, median
+and p90), and the largest difference from the composite's output. Forward only (the configuration
+changes only the forward kernel).
 
     python experiments/bench/fused_kernel_configs.py --output /tmp/fused_kernel_configs.json
 
-On a CPU (`--device cpu`, Triton's interpreter: TRITON_INTERPRET=1) it checks every configuration's
-result on a small shape and times nothing.
+On a CPU (Triton's interpreter: TRITON_INTERPRET=1) it checks every configuration on a small shape.
 """
 
 from __future__ import annotations
@@ -93,16 +92,14 @@ def sweep(device: str, calls: int, repeat: int) -> list[dict]:
 def best(cells: list[dict]) -> dict:
     """Per rows class, the configuration with the least total median time over that class's shapes."""
     out = {}
-    for rows in sorted({c["rows"] for c in cells}):
-        fused = [c for c in cells if c["rows"] == rows and c["variant"] == "fused" and "us_median" in c]
+    for rows in sorted({c["rows"] for c in cells if "us_median" in c}):
         totals: dict[tuple, float] = {}
-        for c in fused:
+        for c in (c for c in cells if c["rows"] == rows and c["variant"] == "fused"):
             key = (c["block_n"], c["block_k"], c["num_warps"])
             totals[key] = totals.get(key, 0.0) + c["us_median"]
-        if totals:
-            key = min(totals, key=totals.get)
-            out[str(rows)] = {"block_n": key[0], "block_k": key[1], "num_warps": key[2], "us_total": totals[key],
-                              "composite_us_total": sum(c["us_median"] for c in cells if c["rows"] == rows and c["variant"].startswith("composite"))}
+        key = min(totals, key=totals.get)
+        composite = sum(c["us_median"] for c in cells if c["rows"] == rows and c["variant"].startswith("composite"))
+        out[str(rows)] = {"block_n": key[0], "block_k": key[1], "num_warps": key[2], "us_total": totals[key], "composite_us_total": composite}
     return out
 
 
@@ -124,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     for c in cells:
-        label = c["variant"] if c["variant"] != "fused" else f"fused {c['block_n']}/{c['block_k']}/{c['num_warps']}"
-        print(f"rows {c['rows']} {c['inputs']}->{c['features']} {label}: {c.get('us_median', float('nan')):.2f} us, error {c.get('max_abs_error', 0):.2e}")
+        label = f"{c['variant']} {c.get('block_n', '')}/{c.get('block_k', '')}/{c.get('num_warps', '')}"
+        print(f"rows {c['rows']} {c['inputs']}->{c['features']} {label}: {c.get('us_median', 0):.2f} us, error {c.get('max_abs_error', 0):.2e}")
     print("best:", json.dumps(result["best"]))
     return 1 if bad else 0
 
