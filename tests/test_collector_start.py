@@ -57,6 +57,14 @@ def collect(stop_event, report):
             state["cuda"] = float(torch.ones(2, device="cuda").sum())
         except Exception as exc:
             state["cuda"] = repr(exc)
+    if os.environ.get("FLASHSAC_OPT_TEST_COMPILE") == "1":  # does a torch.compile'd function compile here?
+        import torch
+        graphs = []
+        def counting(gm, inputs):
+            graphs.append(gm)
+            return gm.forward
+        state["value"] = float(torch.compile(lambda x: x * 2 + 1, backend=counting)(torch.ones(3)).sum())
+        state["compiled_graphs"] = len(graphs)
     with open(report + ".tmp", "w") as f:
         json.dump(state, f)
     os.replace(report + ".tmp", report)
@@ -81,6 +89,7 @@ def _start_learner(tmp_path: Path, preload: str, cuda: bool = False, compiler: s
                FLASHSAC_OPT_COLLECTOR_PRELOAD=preload, FLASHSAC_OPT_TEST_CUDA="1" if cuda else "0")
     env.pop(collector_start.COMPILER_ENV, None)
     env.pop("FLASHSAC_OPT_COLLECTOR_SPARE_CPUS", None)
+    env.pop(collector_start.EAGER_ENV, None)
     env.update(extra_env)
     if compiler is not None:
         env[collector_start.COMPILER_ENV] = compiler
@@ -271,3 +280,24 @@ def test_the_fork_probe_imports_in_a_throwaway_child_and_reports_a_poisoned_fork
     why = collector_start._import_poisons_fork(name)
     assert (why is None) if verdict is None else (verdict in why)
     assert name not in sys.modules and torch.cuda._is_in_bad_fork is before  # only the child imported it
+
+
+@pytest.mark.skipif(not collector_start.enabled(), reason="no forkserver start method here")
+@pytest.mark.parametrize("eager,graphs", [("1", 0), ("0", 1)])
+def test_the_eager_switch_keeps_the_forked_collector_from_compiling(tmp_path, require_unilab, eager, graphs):
+    learner, started, report = _start_learner(tmp_path, "1", FLASHSAC_OPT_TEST_COMPILE="1", **{collector_start.EAGER_ENV: eager})
+    try:
+        state = json.loads(report.read_text())
+        assert state["value"] == 9.0 and state["compiled_graphs"] == graphs  # same result; compiled only without the switch
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)
+        for pid in (started.get("pid"), started.get("server_pid")):
+            if pid and not _exited(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_malformed_eager_switch_stops_the_launch_hook(monkeypatch):
+    monkeypatch.setenv(collector_start.EAGER_ENV, "yes")
+    with pytest.raises(ValueError, match="FLASHSAC_OPT_COLLECTOR_EAGER must be 0 or 1"):
+        collector_start.start_preload()

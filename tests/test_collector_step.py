@@ -28,4 +28,4 @@ def test_the_probe_reports_unilabs_step_phases_per_carrier(tmp_path, require_uni
     assert 0 < phases["backend_physics_ms"] < phases["env_step_total_ms"]
     assert 0 < phases["update_state_ms"] < phases["env_step_total_ms"]
     assert cpu["wall_ms"]["median"] >= 0.9 * phases["env_step_total_ms"]
-    assert cpu["warmup_s"] > 0 and cpu["construct_s"] > 0
+    assert cpu["warmup_s"] > 0 and cpu["construct_s"] > 0 and cpu["first_reset_s"] > 0

@@ -53,7 +53,9 @@ def make_env(envs: int, carrier: str, scene: Path, conf: Path):
 def measure(env, steps: int, warmup: int, seed: int) -> dict:
     import torch
 
-    env.reset()
+    started = time.perf_counter()
+    env.reset()  # the first reset builds UniLab's torch.compile'd root reset (a C++ build on the CPU carrier)
+    first_reset_s = time.perf_counter() - started
     n, action_dim = env.num_envs, env.action_space.shape[-1]
     device = env._state.obs[next(iter(env._state.obs))].device
     g = torch.Generator().manual_seed(seed)
@@ -79,7 +81,7 @@ def measure(env, steps: int, warmup: int, seed: int) -> dict:
     keys = sorted({k for r in rows for k in r})
     return {
         "device": str(device),
-        # the first steps build UniLab's torch.compile'd reset (a C++ build on the CPU carrier, cold cache)
+        "first_reset_s": first_reset_s,
         "warmup_s": warmup_s,
         "wall_ms": stats(wall),
         "phases_ms": {k: stats([r.get(k, 0.0) for r in rows]) for k in PHASES if any(k in r for r in rows)},
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--carriers", nargs="+", default=["cuda", "cpu"], choices=["auto", "cuda", "cpu"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (UniLab gives its collector one at 16 CPUs)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="torch.compile'd functions run eagerly (FLASHSAC_OPT_COLLECTOR_EAGER's stance)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps < 2:
@@ -106,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.eager:
+        torch.compiler.set_stance("force_eager")
     if "cpu" in args.carriers and torch.cuda.is_available():
         os.environ["UNILAB_ALLOW_CUDA_LEARNER_CPU_CARRIER"] = "1"  # UniLab's own opt-in for this carrier
     carriers = [c for c in args.carriers if c != "cuda" or torch.cuda.is_available()]
     skipped = sorted(set(args.carriers) - set(carriers))
     result = {"experiment": "collector_step", "environment": run_environment("cuda" if torch.cuda.is_available() else "cpu"),
-              "envs": args.envs, "steps": args.steps, "warmup": args.warmup, "torch_threads": args.threads,
+              "envs": args.envs, "steps": args.steps, "warmup": args.warmup, "torch_threads": args.threads, "eager": args.eager,
               "carriers": {}, "skipped_carriers": skipped}
     with tempfile.TemporaryDirectory(prefix="collector_step_") as tmp:
         work = Path(tmp)

@@ -21,7 +21,7 @@ Being the patch's launch hook, `start_preload()` also fixes Triton's assembler f
 training before anything compiles (flashsac_opt.toolchain), preload or not, and then starts the
 compile-ahead children where FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN=1 asks for it (compile_ahead.prespawn).
 The host-CPU switches of host_cpus.py act here too: blocking sync in the hook, the collector's CPUs
-in the forked collector.
+in the forked collector; so does FLASHSAC_OPT_COLLECTOR_EAGER (a forked collector that compiles nothing).
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ PRELOAD_MODULES = (
 COMPILER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER"
 COMPILER_MODULE = "torch._inductor.compile_fx"
 
+# "1": the forked collector runs every torch.compile'd function eagerly (torch.compiler.set_stance
+# "force_eager"); off until measured on the GPU. UniLab compiles one thing there, the G1 root reset
+# (envs/mdp/events.py, dynamic=True), at the collector's first reset. On the CPU carrier (2-core
+# development machine, 256 envs; results/startup/collector_eager_cpu_2026-12-07) that first reset
+# took 15.05 s on an empty Inductor cache and 4.10 s on a warm one, 0.84 s eager, and the compiled
+# reset saved nothing per step (6.24 against 6.16 ms). On the CUDA carrier eager is more launches.
+EAGER_ENV = "FLASHSAC_OPT_COLLECTOR_EAGER"
+
 _context: multiprocessing.context.BaseContext | None = None
 
 
@@ -76,6 +84,7 @@ def start_preload() -> bool:
     if _context is not None:
         return True
     host_cpus.spare_cpus_from_env()  # a malformed switch stops the training here, not in its collector
+    collector_eager_wanted()
     if host_cpus.blocking_sync_wanted():  # before torch creates a CUDA context (host_cpus.py)
         print(f"flashsac_opt: {host_cpus.BLOCKING_SYNC_ENV}=1: {host_cpus.set_blocking_sync()}", file=sys.stderr, flush=True)
     if not enabled():
@@ -152,12 +161,25 @@ def run_in_environ(environ: dict, target, args: tuple):
     if confined is not None:
         print(f"flashsac_opt: {host_cpus.SPARE_ENV}: the collector runs on CPUs {confined['collector_cpus']}, "
               f"leaving {confined['spared_cpus']} to the learner process", file=sys.stderr, flush=True)
+    if collector_eager_wanted():
+        import torch as eager_torch
+
+        eager_torch.compiler.set_stance("force_eager")  # the whole process: UniLab's compiled reset runs eagerly
+        print(f"flashsac_opt: {EAGER_ENV}=1: the collector compiles nothing", file=sys.stderr, flush=True)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda._is_in_bad_fork():
         raise RuntimeError("flashsac_opt collector preload: a preloaded import queried the CUDA driver in the server, so this "
                            "forked collector cannot use CUDA; run with FLASHSAC_OPT_COLLECTOR_PRELOAD=0 (UniLab's spawn) "
                            "and report the torch version")
     return target(*args)
+
+
+def collector_eager_wanted() -> bool:
+    """FLASHSAC_OPT_COLLECTOR_EAGER: "1" on, unset or "0" off, anything else a clear error."""
+    value = os.environ.get(EAGER_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{EAGER_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _import_collector_modules() -> None:
