@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +46,8 @@ def test_child_compiles_the_configured_shapes_and_cleans_up():
     ahead = CompileAhead(small_cfg(), DIMS, "cpu")
     assert ahead.wait(timeout=300)
     assert ahead.report["compiled"] and ahead.report["rows"] == 16 * 2 and ahead.report["device"] == "cpu"
-    assert ahead.process.returncode == 0 and not ahead.folder.exists()
+    # exit status 0, or SIGTERM where wait() found the report written and stopped the teardown
+    assert ahead.process.returncode in (0, -signal.SIGTERM) and not ahead.folder.exists()
 
 
 def test_a_failing_child_is_one_warning_naming_its_log():
@@ -182,7 +184,9 @@ def test_split_children_compile_a_share_each_and_report_as_one():
     children = ahead.report["children"]
     assert [c["networks"] for c in children] == [["critic"], ["actor"]] and all(c["compiled"] for c in children)
     assert ahead.report["seconds"] == max(c["seconds"] for c in children) and ahead.report["compile_cache_file"] is None
-    assert all(p.returncode == 0 for p in ahead.processes) and not ahead.folder.exists()
+    # every child has ended: exit status 0, or SIGTERM where wait() found its report written and
+    # stopped its teardown (_wait_child; which of the two depends on timing, CI saw both)
+    assert all(p.returncode in (0, -signal.SIGTERM) for p in ahead.processes) and not ahead.folder.exists()
 
 
 def test_background_mode_trains_uncompiled_until_the_child_is_done_then_compiles(require_unilab, monkeypatch, tmp_path, capsys):
