@@ -178,13 +178,13 @@ class EngineOptions:
     # loss and step), which loses the fused form's gradient-into-Adam fusion. Same mathematics:
     # eager is bit-identical to the plain loss. Study ours_graph_target_stream; off.
     critic_target_stream: bool = False
-    # Each layer of a critic or actor block in training mode (the up projection, BatchNorm, ReLU; the down
-    # projection, BatchNorm, ReLU and the skip connection) as one hand-written Triton kernel
-    # (kernels.member_linear_bn_relu, a torch.library.custom_op: traced, compiled and captured with
-    # the rest) instead of a GEMM, a statistics reduction and apply kernels; batches up to
-    # kernels.MAX_ROWS rows. The statistics come from the float32 accumulator,
-    # so values agree with the composite path to the GEMM output's rounding. Needs Triton. Issue 45's
-    # first step; off until measured on the GPU (runs.toml fused_linear_bn_relu_*).
+    # Each layer of a critic or actor block in training mode (the up projection, BatchNorm, ReLU;
+    # the down projection, BatchNorm, ReLU and the skip connection) as one hand-written Triton
+    # kernel (kernels.member_linear_bn_relu, a torch.library.custom_op: traced, compiled and
+    # captured with the rest); batches up to kernels.MAX_ROWS rows. The statistics come from the
+    # float32 accumulator, so values agree with the composite path to the GEMM output's rounding.
+    # Needs Triton. Issue 45's first step, off: slower than graph mode on one H100
+    # (results/learner_benchmark/fused_linear_bn_relu_2026-12-07).
     fused_linear_bn_relu: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in

@@ -1,13 +1,16 @@
 """Hand-written Triton kernels inside the compiled objectives (issue 45): one launch where Inductor
-makes several. Off until measured on the GPU (EngineOptions.fused_linear_bn_relu).
+makes several. Off (FlashSACConfig.fused_linear_bn_relu): on one H100 it made graph mode slower,
+1.061x at W1 and 1.103x at W2 (results/learner_benchmark/fused_linear_bn_relu_2026-12-07).
 
-`member_linear_bn_relu(x, w, gamma, beta[, residual])`: for every ensemble member n, a critic
-block's projection h = x[n] @ w[n]^T, its training-mode BatchNorm over the rows, the ReLU and, for
-the down projection, the block's skip connection, in one kernel: a SimbaV2 block is two launches. At the recipe's batch (256 rows) a program holds every row of a block of output features,
-so the batch statistics are a reduction inside the program: the GEMM's result is normalized where
-it was accumulated, never written and read back (today: a cuBLAS GEMM, a statistics reduction and
-an apply kernel per layer; results/roofline/README.md). Rows up to MAX_ROWS; larger batches keep
-the composite path.
+`member_linear_bn_relu(x, w, gamma, beta[, residual])`: for every ensemble member n, a critic or
+actor block's projection h = x[n] @ w[n]^T, its training-mode BatchNorm over the rows, the ReLU and,
+for the down projection, the block's skip connection, in one kernel: a SimbaV2 block is two
+launches. A program holds every row (up to MAX_ROWS) of a block of output features, so the batch
+statistics are a reduction inside the program: the GEMM's result is normalized where it was
+accumulated, never written and read back. Graph mode without it runs a layer's forward as a cuBLAS
+GEMM and about one Inductor kernel for the statistics and their apply; the measurement above found
+that cheaper than this kernel, whose grid (members x features / BLOCK_N) is small. Larger batches
+keep the composite path.
 
 It is a `torch.library.custom_op` with a Triton body, a fake implementation and a registered
 autograd: torch.compile traces it as one node whatever the device, Inductor calls it in its graph
@@ -28,7 +31,8 @@ import functools
 import torch
 
 MAX_ROWS = 512  # a program holds rows x BLOCK_N float32 accumulators
-# (BLOCK_N, BLOCK_K, num_warps) by rows per program, chosen offline (experiments/bench/fused_kernel_configs.py)
+# (BLOCK_N, BLOCK_K, num_warps) by rows per program, chosen offline by experiments/bench/fused_kernel_configs.py
+# (one H100, results/learner_benchmark/fused_linear_bn_relu_2026-12-07/fused_kernel_configs.json, `best`)
 # and fixed here: no autotuning at start-up.
 CONFIGS = {256: (16, 64, 8), 512: (16, 64, 8)}
 
