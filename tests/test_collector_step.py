@@ -13,11 +13,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "bench" / "collec
 
 def test_the_probe_reports_unilabs_step_phases_per_carrier(tmp_path, require_unilab):
     out = tmp_path / "collector_step.json"
-    # a subprocess: the probe imports a private UniLab copy in place of the installed one
+    # a subprocess: the probe imports a private UniLab copy in place of the installed one; eager, so
+    # CI's empty Inductor cache does not build UniLab's compiled reset in C++ (~15 s here)
     subprocess.run([sys.executable, str(SCRIPT), "--envs", "16", "--steps", "30", "--warmup", "2", "--carriers", "cuda", "cpu",
-                    "--output", str(out)], check=True, capture_output=True, text=True, timeout=300)
+                    "--eager", "--output", str(out)], check=True, capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
-    assert result["envs"] == 16 and result["steps"] == 30
+    assert result["envs"] == 16 and result["steps"] == 30 and result["eager"]
     if not torch.cuda.is_available():
         assert result["skipped_carriers"] == ["cuda"] and list(result["carriers"]) == ["cpu"]
     cpu = result["carriers"]["cpu"]
