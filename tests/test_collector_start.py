@@ -81,6 +81,15 @@ def _exited(pid: int) -> bool:
         return True
 
 
+def _stop(learner: subprocess.Popen, started: dict) -> None:
+    """Kill the learner stand-in, then the collector and the server if they outlived it."""
+    learner.kill()
+    learner.wait(timeout=30)
+    for pid in (started.get("pid"), started.get("server_pid")):
+        if pid and not _exited(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _start_learner(tmp_path: Path, preload: str, cuda: bool = False, compiler: str | None = None,
                    **extra_env: str) -> tuple[subprocess.Popen, dict, Path]:
     (tmp_path / "collector_probe.py").write_text(_PROBE)
@@ -150,11 +159,7 @@ def test_the_forked_collector_leaves_the_spared_cpus_to_the_learner_process(tmp_
         assert spared and state["affinity"] == sorted(mine)  # whole cores off the collector (MuJoCo sizes its pool to it)
         assert sorted(everything) == sorted(os.sched_getaffinity(0))  # the learner process keeps every CPU
     finally:
-        learner.kill()
-        learner.wait(timeout=30)
-        for pid in (started.get("pid"), started.get("server_pid")):
-            if pid and not _exited(pid):
-                os.kill(pid, signal.SIGKILL)
+        _stop(learner, started)
 
 
 def test_preload_off_keeps_unilabs_spawn(tmp_path, require_unilab):
@@ -290,11 +295,7 @@ def test_the_eager_switch_keeps_the_forked_collector_from_compiling(tmp_path, re
         state = json.loads(report.read_text())
         assert state["value"] == 9.0 and state["compiled_graphs"] == graphs  # same result; compiled only without the switch
     finally:
-        learner.kill()
-        learner.wait(timeout=30)
-        for pid in (started.get("pid"), started.get("server_pid")):
-            if pid and not _exited(pid):
-                os.kill(pid, signal.SIGKILL)
+        _stop(learner, started)
 
 
 def test_a_malformed_eager_switch_stops_the_launch_hook(monkeypatch):

@@ -110,8 +110,8 @@ GRAPH_STUDIES = {
     # same learner as ours_graph now (kept: the runs name it); ours_graph_plain: the three off
     "ours_graph_options": {name: True for name in COMPILED_MODE_NETWORK_OPTIONS},
     "ours_graph_plain": PLAIN_NETWORK,
-    # issue 45's first Triton kernel: each layer of a critic block (GEMM, training BN, ReLU, the skip
-    # connection) in one launch (kernels.member_linear_bn_relu; up to kernels.MAX_ROWS rows: W1 / W2)
+    # issue 45's first Triton kernel: each layer of a critic or actor block (GEMM, training BN, ReLU,
+    # the skip connection) in one launch (kernels.member_linear_bn_relu; up to kernels.MAX_ROWS rows: W1 / W2)
     "ours_graph_fused_linear_bn_relu": {"fused_linear_bn_relu": True},
 }
 VARIANTS = (
