@@ -115,10 +115,13 @@ def gpu_sharing(report: dict, path: Path) -> str:
 
 def first_compiled_update(timeline: dict, first_update_s: float | None) -> float | None:
     """Seconds from launch to compiled training: the switch after a compile-ahead child (None if
-    a run with a child never switched), else the first update (a warm start, or stock UniLab,
-    which compiles in its first update)."""
+    a run with a child never switched), else the first update (a warm start; a child done before
+    the runner's wait ended, whose compiled steps the first update used; stock UniLab, which
+    compiles in its first update)."""
     if "background_compile_switched_s" in timeline:
         return timeline["background_compile_switched_s"]
+    if "startup_idle_compile_end_s" in timeline:
+        return first_update_s
     child_done = (timeline.get("compile_ahead_done") or {}).get("child")
     child_running = (timeline.get("learner_constructed") or {}).get("compile_ahead") and "compile_ahead_done" not in timeline
     if child_done or child_running:

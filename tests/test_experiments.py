@@ -2,6 +2,7 @@
 
 import ast
 import copy
+import gzip
 import importlib.util
 import json
 import logging
@@ -422,8 +423,13 @@ def test_bf16_obs_storage_experiment_short_cpu_run(tmp_path):
     assert report["final_drift"]["bf16_obs"]["critic"] > report["final_drift"]["rounding_floor"]["critic"] > 0
 
 
+def _committed(path: Path) -> dict:
+    """A committed training report (results/ keeps them gzipped; summaries name the .json)."""
+    return json.loads(gzip.decompress(path.with_name(f"{path.name.removesuffix('.gz')}.gz").read_bytes()))
+
+
 def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
-    runs = sorted((REPO / "results" / "trainings").glob("training_*.json"))
+    runs = sorted((REPO / "results" / "trainings").glob("training_*.json.gz"))
     assert len(runs) >= 4
     out, md = tmp_path / "summary.json", tmp_path / "summary.md"
     done = run("report/summarize_trainings.py", *map(str, runs), "--output", str(out), "--markdown", str(md))
@@ -435,7 +441,7 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
         stock, ours = by[(u, 256, "unilab", "graph", 1)], by[(u, 256, "flashsac_opt", "graph", 1)]
         assert stock["learner_ms_vs_unilab_default"] == 1.0
         assert ours["learner_ms_vs_unilab_default"] == ours["learner_ms_median"] / stock["learner_ms_median"]
-        assert ours["first_learner_iteration_s"] == min(r["wall_s"] for r in json.loads((REPO / "results" / "trainings" / ours["file"]).read_text())["rows_all"])
+        assert ours["first_learner_iteration_s"] == min(r["wall_s"] for r in _committed(REPO / "results" / "trainings" / ours["file"])["rows_all"])
     assert md.read_text().count("\n") == 2 + len(runs)
     # a run cut by its time limit is not complete, and says why
     assert all(r["completed"] or r["stopped_by_time_limit"] for r in summary)
@@ -451,7 +457,7 @@ def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):
     assert b2048["learner_ms_vs_unilab_default"] == b2048["learner_ms_median"] / by[(8, 2048, "unilab", "graph", 1)]["learner_ms_median"]
     # ... and without that reference a row has no ratio (stock's B2048 run left out)
     # (that row as reports that record a warm and a cold Inductor cache at launch: the table says which)
-    report = json.loads((REPO / "results" / "trainings" / b2048["file"]).read_text())
+    report = _committed(REPO / "results" / "trainings" / b2048["file"])
     for state, files in (("warm", 12), ("cold", 0)):
         report["inductor_cache_at_launch"] = {"dir": str(tmp_path / "inductor_cache"), "files": files, "warm": state == "warm"}
         (tmp_path / f"{state}.json").write_text(json.dumps(report))
@@ -481,7 +487,7 @@ def test_summarize_trainings_compares_data_parallel_runs_with_stock_on_as_many_g
     """A 2-GPU run's ratio is against stock UniLab on 2 GPUs, never the 1-GPU stock run; the table
     says how many GPUs and whether flashsac_opt's ranks ended bit-identical."""
     folder = REPO / "results" / "trainings"
-    stock1, ours1 = (json.loads((folder / f"training_u8_b256_{n}_graph_s1.json").read_text()) for n in ("unilab", "flashsac_opt"))
+    stock1, ours1 = (_committed(folder / f"training_u8_b256_{n}_graph_s1.json.gz") for n in ("unilab", "flashsac_opt"))
     stock2, ours2 = json.loads(json.dumps(stock1)), json.loads(json.dumps(ours1))
     stock2["environment"].update(cuda_visible_devices="0,1", device="cuda")
     stock2["learner_train_ms"]["median"] = 2 * stock1["learner_train_ms"]["median"]

@@ -4,6 +4,7 @@ committed H200 trainings (none reaches reward 20), and the device's time-to-rewa
 driver's dry run shows their trainings' commands)."""
 
 import copy
+import gzip
 import json
 import re
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "time_to_reward.py"
 TRAININGS = REPO / "results" / "trainings"
-TEMPLATE = TRAININGS / "training_u8_b256_flashsac_opt_graph_s1.json"
+TEMPLATE = TRAININGS / "training_u8_b256_flashsac_opt_graph_s1.json.gz"  # committed reports are gzipped
 
 
 def load():
@@ -74,7 +75,7 @@ def test_median_over_seeds_counts_a_seed_that_never_got_there_as_latest():
 
 
 def fake_run(tmp_path, learner, seed, rewards, updates=64, stopped=False, carrier=None):
-    report = copy.deepcopy(json.loads(TEMPLATE.read_text()))
+    report = copy.deepcopy(json.loads(gzip.decompress(TEMPLATE.read_bytes())))
     if carrier is not None:  # as benchmark_flashsac_training passes an --override
         report["unilab_command"] += f" training.collector_tensor_device={carrier}"
     report["learner"] = learner
@@ -257,14 +258,14 @@ def test_summary_of_the_committed_h200_trainings_says_no_run_reaches_reward_20(t
     done = cli("summarize", str(TRAININGS), "--output", str(out))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    files = sorted(TRAININGS.glob("training_*.json"))
-    assert len(report["runs"]) == len(files) and not report["skipped"]
+    files = sorted(TRAININGS.glob("training_*.json.gz"))
+    assert len(report["runs"]) == len(files) == 17 and not report["skipped"]
     assert all(r["time_to_reward"] == {"20": None, "30": None} for r in report["runs"])
     assert all(g["median"]["time_to_reward_20_s"] is None and g["reached"]["20"] == 0 for g in report["groups"])
     assert "reward 20: not reached" in done.stdout and done.stdout.count("no threshold reached") == len(files)
     # the launch -> first update is the first logged row's seconds, as summarize_trainings reports it
     for r in report["runs"]:
-        rows = json.loads((TRAININGS / r["file"]).read_text())["rows_all"]
+        rows = json.loads(gzip.decompress((TRAININGS / f"{r['file'].removesuffix('.gz')}.gz").read_bytes()))["rows_all"]
         assert r["first_update_s"] == min(x["wall_s"] for x in rows)
     # the 3-seed groups at 2 updates per step are the only ones with enough seeds
     assert sorted((g["learner"], g["updates_per_step"]) for g in report["groups"] if g["enough_seeds"]) == [
@@ -420,6 +421,8 @@ def test_first_compiled_update_is_the_switch_after_a_child_and_none_when_it_neve
     assert ttr.first_compiled_update({**child, "background_compile_switched_s": 110.8}, 40.5) == 110.8
     assert ttr.first_compiled_update(child, 34.9) is None  # cut before the switch: it never trained compiled
     assert ttr.first_compiled_update({"learner_constructed": {"compile_ahead": True}}, 30.0) is None  # the child still running
+    # the child done while the runner waited for a slow collector: the first update was compiled
+    assert ttr.first_compiled_update({**child, "startup_idle_compile_end_s": 39.0}, 40.8) == 40.8
     warm = {"learner_constructed": {"compile_ahead": True}, "compile_ahead_done": {"child": False}}
     assert ttr.first_compiled_update(warm, 21.9) == 21.9 and ttr.first_compiled_update({}, 51.5) == 51.5  # warm; stock
 
@@ -435,7 +438,7 @@ def test_a_runs_precompiled_steps_come_from_its_last_compile_event():
 def _stand_in_trainings(out: Path, calls: list):
     """trainings.py stood in for by copies of one committed training JSON, one per run it is given,
     each recording whether its compile cache held anything at launch and leaving a file there."""
-    template = json.loads(TEMPLATE.read_text())
+    template = json.loads(gzip.decompress(TEMPLATE.read_bytes()))
 
     def fake_run(cmd, env):
         calls.append((cmd, env))
