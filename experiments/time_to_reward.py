@@ -158,6 +158,8 @@ def summarize_file(path: Path, last: int) -> dict:
     return {
         **{k: base[k] for k in ("file", *GROUP_KEY, "seed", "iterations_planned", "iterations_logged",
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
+        # FLASHSAC_OPT_COLLECTOR_EAGER=1 is its own configuration (named only when on: older summaries lack it)
+        **({"collector": "eager"} if (env.get("flashsac_opt_switches") or {}).get("FLASHSAC_OPT_COLLECTOR_EAGER") == "1" else {}),
         "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],
         # a cold patched start trains uncompiled until its compile-ahead child is done: its first
@@ -209,7 +211,7 @@ def group_runs(runs: list[dict]) -> list[dict]:
     measure and whether the group has the seeds a time-to-reward claim needs."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
-        groups.setdefault(tuple(run[k] for k in GROUP_KEY), []).append(run)
+        groups.setdefault((*(run[k] for k in GROUP_KEY), run.get("collector")), []).append(run)
     out = []
     for key, members in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][4], kv[0][5], kv[0][0] != "unilab", kv[0][1])):
         members.sort(key=lambda r: r["seed"])
@@ -220,9 +222,10 @@ def group_runs(runs: list[dict]) -> list[dict]:
             raise ValueError(f"{label(dict(zip(GROUP_KEY, key)))}: seed(s) {repeated} more than once ({', '.join(files)}); "
                              "summarize one run per seed")
         stat = lambda get: median_or_none([get(r) for r in members])  # noqa: E731
+        config = {**dict(zip(GROUP_KEY, key)), **({"collector": key[-1]} if key[-1] else {})}
         out.append({
-            **dict(zip(GROUP_KEY, key)),
-            "label": label(dict(zip(GROUP_KEY, key))),
+            **config,
+            "label": label(config),
             "seeds": seeds, "count": len(members), "enough_seeds": len(set(seeds)) >= MIN_SEEDS,
             "note": "" if len(set(seeds)) >= MIN_SEEDS else f"fewer than {MIN_SEEDS} seeds: no time-to-reward claim",
             "median": {
@@ -245,6 +248,7 @@ def group_runs(runs: list[dict]) -> list[dict]:
 def label(g: dict) -> str:
     who = "stock UniLab" if g["learner"] == "unilab" else "patched (flashsac_opt)"
     carried = "" if g.get("carrier", "default") == "default" else f", {g['carrier'].upper()} carrier"
+    carried += ", eager collector" if g.get("collector") == "eager" else ""
     shared = ", MPS" if g.get("gpu_sharing") == "mps" else ""
     return f"{who} {g['mode']}, U{g['updates_per_step']} B{g['batch_size']} E{g['num_envs']} R{g['replay_buffer_n']}{carried}{shared}"
 

@@ -136,6 +136,19 @@ def test_a_run_on_another_collector_carrier_is_its_own_configuration(tmp_path):
     assert by_carrier["cpu"]["label"].endswith(", CPU carrier") and "carrier" not in by_carrier["default"]["label"]
 
 
+def test_a_run_with_the_collector_eager_is_its_own_configuration(tmp_path):
+    climb = [0.0] * 30 + [40.0] * 30
+    (tmp_path / "compiled").mkdir()
+    compiled = fake_run(tmp_path / "compiled", "flashsac_opt", 1, climb, carrier="cpu")
+    eager = fake_run(tmp_path, "flashsac_opt", 1, climb, carrier="cpu")
+    report = json.loads(eager.read_text())
+    report["environment"].setdefault("flashsac_opt_switches", {})["FLASHSAC_OPT_COLLECTOR_EAGER"] = "1"
+    eager.write_text(json.dumps(report))
+    groups = ttr.group_runs([ttr.summarize_file(f, last=10) for f in (compiled, eager)])  # seed 1 twice, two configurations
+    assert [g.get("collector") for g in groups] == [None, "eager"]
+    assert groups[1]["label"].endswith(", CPU carrier, eager collector") and "eager" not in groups[0]["label"]
+
+
 def test_a_patched_run_carries_its_start_up_phases(tmp_path):
     path = fake_run(tmp_path, "flashsac_opt", 1, [5.0] * 30)
     report = json.loads(path.read_text())
