@@ -183,7 +183,8 @@ def host_share() -> dict:
                                                                 "FLASHSAC_OPT_PRECOMPILED_STEPS", "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN",
                                                                 "FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER", "FLASHSAC_OPT_UPDATE_RUNS_AHEAD",
                                                                 "FLASHSAC_OPT_COLLECTOR_SPARE_CPUS", "FLASHSAC_OPT_BLOCKING_SYNC",
-                                                                "FLASHSAC_OPT_COLLECTOR_EAGER")},
+                                                                "FLASHSAC_OPT_COLLECTOR_EAGER")}
+        | {"FLASHSAC_OPT_COLLECTOR_EAGER": os.environ.get("FLASHSAC_OPT_COLLECTOR_EAGER", "auto")},  # unset is "auto" since 2026-12-07
     }
 
 

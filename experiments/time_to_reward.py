@@ -104,6 +104,13 @@ def carrier(report: dict) -> str:
     return found[-1] if found and found[-1] != "auto" else "default"
 
 
+def collector_eager(report: dict, carrier_name: str) -> bool:
+    """Whether the run's collector ran UniLab's compiled reset eagerly: FLASHSAC_OPT_COLLECTOR_EAGER=1,
+    or "auto" (recorded for unset since 2026-12-07; unset before meant off) on the CPU carrier."""
+    value = (report.get("environment", {}).get("flashsac_opt_switches") or {}).get("FLASHSAC_OPT_COLLECTOR_EAGER")
+    return value == "1" or (value == "auto" and carrier_name == "cpu")
+
+
 def gpu_sharing(report: dict, path: Path) -> str:
     """"mps" for a run whose CUDA contexts an MPS daemon served (its environment names the pipe
     folder; runs before that field: with_mps.py's name tag "mps" in the file name), else
@@ -158,8 +165,8 @@ def summarize_file(path: Path, last: int) -> dict:
     return {
         **{k: base[k] for k in ("file", *GROUP_KEY, "seed", "iterations_planned", "iterations_logged",
                                 "stopped_by_time_limit", "completed", "inductor_cache_warm_at_launch")},
-        # FLASHSAC_OPT_COLLECTOR_EAGER=1 is its own configuration (named only when on: older summaries lack it)
-        **({"collector": "eager"} if (env.get("flashsac_opt_switches") or {}).get("FLASHSAC_OPT_COLLECTOR_EAGER") == "1" else {}),
+        # an eager collector is its own configuration (named only when on: older summaries lack it)
+        **({"collector": "eager"} if collector_eager(report, base["carrier"]) else {}),
         "stopped_at_reward": report.get("stopped_at_reward", False),
         "first_update_s": base["first_learner_iteration_s"],
         # a cold patched start trains uncompiled until its compile-ahead child is done: its first

@@ -31,6 +31,8 @@ stop_event = _SPAWN_CTX.Event()
 recv, send = multiprocessing.Pipe(duplex=False)
 kwargs = {"stop_event": stop_event, "report": sys.argv[1], "_parent_pid": os.getpid(),
           "_parent_watchdog_poll_interval": 0.1, "_parent_watchdog_grace_period": 5.0}
+if os.environ.get("FLASHSAC_OPT_TEST_TENSOR_DEVICE"):  # where UniLab routes its collector's tensor device
+    kwargs["env_cfg_override"] = {"collector_tensor_device": os.environ["FLASHSAC_OPT_TEST_TENSOR_DEVICE"]}
 context, target, args = collector_start.process_args(_SPAWN_CTX, _collector_entry_wrapper, collector_probe.collect,
                                                      send, kwargs)
 process = context.Process(target=target, args=args, daemon=True)
@@ -43,7 +45,7 @@ time.sleep(600)  # until the test kills it
 
 _PROBE = """
 import json, os, sys, time
-def collect(stop_event, report):
+def collect(stop_event, report, env_cfg_override=None):
     state = {"late": os.environ.get("FLASHSAC_OPT_TEST_LATE"), "ppid": os.getppid(),
              "worker_preloaded": "unilab.rl.runtime.offpolicy.worker" in sys.modules,
              "dynamo_preloaded": "torch._dynamo" in sys.modules,
@@ -288,9 +290,11 @@ def test_the_fork_probe_imports_in_a_throwaway_child_and_reports_a_poisoned_fork
 
 
 @pytest.mark.skipif(not collector_start.enabled(), reason="no forkserver start method here")
-@pytest.mark.parametrize("eager,graphs", [("1", 0), ("0", 1)])
-def test_the_eager_switch_keeps_the_forked_collector_from_compiling(tmp_path, require_unilab, eager, graphs):
-    learner, started, report = _start_learner(tmp_path, "1", FLASHSAC_OPT_TEST_COMPILE="1", **{collector_start.EAGER_ENV: eager})
+@pytest.mark.parametrize("eager,device,graphs", [("1", "cuda:0", 0), ("0", "cpu", 1), (None, "cpu", 0), (None, "cuda:0", 1)])
+def test_the_eager_switch_keeps_the_forked_collector_from_compiling(tmp_path, require_unilab, eager, device, graphs):
+    """On with 1, off with 0; unset ("auto") on for a collector whose tensors are on the CPU only."""
+    switch = {} if eager is None else {collector_start.EAGER_ENV: eager}
+    learner, started, report = _start_learner(tmp_path, "1", FLASHSAC_OPT_TEST_COMPILE="1", FLASHSAC_OPT_TEST_TENSOR_DEVICE=device, **switch)
     try:
         state = json.loads(report.read_text())
         assert state["value"] == 9.0 and state["compiled_graphs"] == graphs  # same result; compiled only without the switch
@@ -300,5 +304,15 @@ def test_the_eager_switch_keeps_the_forked_collector_from_compiling(tmp_path, re
 
 def test_a_malformed_eager_switch_stops_the_launch_hook(monkeypatch):
     monkeypatch.setenv(collector_start.EAGER_ENV, "yes")
-    with pytest.raises(ValueError, match="FLASHSAC_OPT_COLLECTOR_EAGER must be 0 or 1"):
+    with pytest.raises(ValueError, match="FLASHSAC_OPT_COLLECTOR_EAGER must be 0, 1 or auto"):
         collector_start.start_preload()
+
+
+@pytest.mark.parametrize("value,device,eager", [(None, "cpu", True), ("auto", "cpu", True), ("auto", "cuda:0", False),
+                                                (None, None, False), ("0", "cpu", False), ("1", "cuda:0", True)])
+def test_the_collector_is_eager_by_default_only_on_the_cpu_carrier(monkeypatch, value, device, eager):
+    if value is None:
+        monkeypatch.delenv(collector_start.EAGER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(collector_start.EAGER_ENV, value)
+    assert collector_start.collector_eager_wanted(device) is eager

@@ -147,6 +147,13 @@ def test_a_run_with_the_collector_eager_is_its_own_configuration(tmp_path):
     groups = ttr.group_runs([ttr.summarize_file(f, last=10) for f in (compiled, eager)])  # seed 1 twice, two configurations
     assert [g.get("collector") for g in groups] == [None, "eager"]
     assert groups[1]["label"].endswith(", CPU carrier, eager collector") and "eager" not in groups[0]["label"]
+    # "auto" (unset, recorded so since 2026-12-07) is eager on the CPU carrier only; unset before meant off
+    for value, carrier, expected in (("auto", "cpu", True), ("auto", None, False), (None, "cpu", False)):
+        path = fake_run(tmp_path / "compiled", "flashsac_opt", 2, climb, carrier=carrier)
+        report = json.loads(path.read_text())
+        report["environment"].setdefault("flashsac_opt_switches", {})["FLASHSAC_OPT_COLLECTOR_EAGER"] = value
+        path.write_text(json.dumps(report))
+        assert (ttr.summarize_file(path, last=10).get("collector") == "eager") is expected
 
 
 def test_a_patched_run_carries_its_start_up_phases(tmp_path):

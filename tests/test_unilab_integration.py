@@ -290,6 +290,7 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     logs = tmp_path / "logs"
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", CUDA_VISIBLE_DEVICES="", WANDB_MODE="disabled",
                FLASHSAC_OPT_UPDATE_RUNS_AHEAD="1")
+    env.pop("FLASHSAC_OPT_COLLECTOR_EAGER", None)
     proc = subprocess.run(
         g1_cpu_training(scene, logs, f"algo.algo_params.compile_cache_file={tmp_path / 'cc.bin'}"),
         env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,  # Hydra writes train_flashsac.log into the cwd
@@ -302,6 +303,8 @@ def test_real_g1_training_on_cpu_uses_flashsac_opt(site, tmp_path):
     assert checkpoint.is_file() and (run / "model_3.pt").is_file(), log[-3000:]
     state = torch.load(checkpoint, weights_only=True)
     assert state["flashsac_opt"]["iterations"] > 0  # flashsac_opt's learner did the updates
+    # UniLab routes the collector's tensor device (here the CPU) where the forked collector reads it
+    assert "the collector compiles nothing (FLASHSAC_OPT_COLLECTOR_EAGER=auto, its tensors on cpu)" in log, log[-3000:]
     # the patch routes flashsac_opt's own knobs from UniLab's config
     assert state["flashsac_opt"]["fused_update"] is False
     assert state["flashsac_opt"]["batch_size"] == 32  # the runner's batch size reached the learner

@@ -60,12 +60,16 @@ PRELOAD_MODULES = (
 COMPILER_ENV = "FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER"
 COMPILER_MODULE = "torch._inductor.compile_fx"
 
-# "1": the forked collector runs every torch.compile'd function eagerly (torch.compiler.set_stance
-# "force_eager"); off until measured on the GPU. UniLab compiles one thing there, the G1 root reset
-# (envs/mdp/events.py, dynamic=True), at the collector's first reset. On the CPU carrier (2-core
-# development machine, 256 envs; results/startup/collector_eager_cpu_2026-12-07) that first reset
-# took 15.05 s on an empty Inductor cache and 4.10 s on a warm one, 0.84 s eager, and the compiled
-# reset saved nothing per step (6.24 against 6.16 ms). On the CUDA carrier eager is more launches.
+# The forked collector runs every torch.compile'd function eagerly (torch.compiler.set_stance
+# "force_eager") with "1", never with "0", and by default ("auto", or unset) when its tensors live on
+# the CPU (UniLab's opt-in CPU carrier, training.collector_tensor_device=cpu; on a CPU-only machine
+# always). UniLab compiles one thing there, the G1 root reset (envs/mdp/events.py, dynamic=True), at
+# the collector's first reset. On the CPU carrier Inductor builds it in C++: on the 2-core development
+# machine (results/startup/collector_eager_cpu_2026-12-07) its first reset took 15.05 s on an empty
+# cache, 4.10 s on a warm one and 0.84 s eager, and it saved nothing per step (6.24 against 6.16 ms);
+# on one H100 a warm protocol seed's first update came at 27.0 s compiled and 16.6 s eager
+# (results/time_to_reward/protocol_carriers_h100_2026-12-07.json). On the CUDA carrier the compiled
+# reset stays: eager changed nothing there (collector_eager_warm_s2_h100_2026-12-07).
 EAGER_ENV = "FLASHSAC_OPT_COLLECTOR_EAGER"
 
 _context: multiprocessing.context.BaseContext | None = None
@@ -161,11 +165,14 @@ def run_in_environ(environ: dict, target, args: tuple):
     if confined is not None:
         print(f"flashsac_opt: {host_cpus.SPARE_ENV}: the collector runs on CPUs {confined['collector_cpus']}, "
               f"leaving {confined['spared_cpus']} to the learner process", file=sys.stderr, flush=True)
-    if collector_eager_wanted():
+    collector_kwargs = args[2] if len(args) == 3 and isinstance(args[2], dict) else {}
+    tensor_device = (collector_kwargs.get("env_cfg_override") or {}).get("collector_tensor_device")  # UniLab routes it there
+    if collector_eager_wanted(tensor_device):
         import torch as eager_torch
 
         eager_torch.compiler.set_stance("force_eager")  # the whole process: UniLab's compiled reset runs eagerly
-        print(f"flashsac_opt: {EAGER_ENV}=1: the collector compiles nothing", file=sys.stderr, flush=True)
+        print(f"flashsac_opt: the collector compiles nothing ({EAGER_ENV}={os.environ.get(EAGER_ENV, 'auto')}, "
+              f"its tensors on {tensor_device})", file=sys.stderr, flush=True)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda._is_in_bad_fork():
         raise RuntimeError("flashsac_opt collector preload: a preloaded import queried the CUDA driver in the server, so this "
@@ -174,11 +181,16 @@ def run_in_environ(environ: dict, target, args: tuple):
     return target(*args)
 
 
-def collector_eager_wanted() -> bool:
-    """FLASHSAC_OPT_COLLECTOR_EAGER: "1" on, unset or "0" off, anything else a clear error."""
-    value = os.environ.get(EAGER_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{EAGER_ENV} must be 0 or 1, got {value!r}")
+def collector_eager_wanted(tensor_device: object = None) -> bool:
+    """FLASHSAC_OPT_COLLECTOR_EAGER: "1" on, "0" off, "auto" or unset: on for a collector whose
+    tensors live on the CPU (the ``collector_tensor_device`` UniLab routes into the collector's env
+    override: "cpu", "cuda:0", ...); anything else a clear
+    error (the launch hook asks first, with no device, to stop a malformed value before training)."""
+    value = os.environ.get(EAGER_ENV, "auto")
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"{EAGER_ENV} must be 0, 1 or auto, got {value!r}")
+    if value == "auto":
+        return tensor_device is not None and str(tensor_device).split(":")[0] == "cpu"
     return value == "1"
 
 
