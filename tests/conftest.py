@@ -14,6 +14,11 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/unilab_tree.py
 # here, before all of them. Nothing else on the CPU runs Triton (Inductor generates C++ there).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Scalar C++ kernels for Inductor's CPU compiles: the suite checks what is compiled and that it agrees
+# with eager, not the CPU's vector units. A cold compile of a whole learner's steps took 93 s
+# vectorized and 47 s scalar on a 2-core machine (test_inductor_compile_matches_eager_cpu, 2026-12-07),
+# and CI had grown past 12 minutes. Inherited by every process a test starts; an exported value wins.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 # The suite's own Inductor cache, made by the controller and inherited by its xdist workers and the
 # processes they start: a kernel compiles once per run, never from or into another run's cache on
 # the machine (a UniLab training compiling the same kernel beside the suite had it read a half-written
