@@ -182,8 +182,7 @@ def host_share() -> dict:
         "flashsac_opt_switches": {k: os.environ.get(k) for k in ("FLASHSAC_OPT_COMPILE_AHEAD", "FLASHSAC_OPT_COMPILE_AHEAD_SPLIT", "FLASHSAC_OPT_CAPTURE_EXPLORE",
                                                                 "FLASHSAC_OPT_PRECOMPILED_STEPS", "FLASHSAC_OPT_COMPILE_AHEAD_PRESPAWN",
                                                                 "FLASHSAC_OPT_COLLECTOR_PRELOAD_COMPILER", "FLASHSAC_OPT_UPDATE_RUNS_AHEAD",
-                                                                "FLASHSAC_OPT_COLLECTOR_SPARE_CPUS", "FLASHSAC_OPT_BLOCKING_SYNC",
-                                                                "FLASHSAC_OPT_COLLECTOR_EAGER")}
+                                                                "FLASHSAC_OPT_COLLECTOR_SPARE_CPUS", "FLASHSAC_OPT_BLOCKING_SYNC")}
         | {"FLASHSAC_OPT_COLLECTOR_EAGER": os.environ.get("FLASHSAC_OPT_COLLECTOR_EAGER", "auto")},  # unset is "auto" since 2026-12-07
     }
 

@@ -69,7 +69,7 @@ COMPILER_MODULE = "torch._inductor.compile_fx"
 # cache, 4.10 s on a warm one and 0.84 s eager, and it saved nothing per step (6.24 against 6.16 ms);
 # on one H100 a warm protocol seed's first update came at 27.0 s compiled and 16.6 s eager
 # (results/time_to_reward/protocol_carriers_h100_2026-12-07.json). On the CUDA carrier the compiled
-# reset stays: eager changed nothing there (collector_eager_warm_s2_h100_2026-12-07).
+# reset stays: eager changed nothing there (results/time_to_reward/collector_eager_warm_s2_h100_2026-12-07).
 EAGER_ENV = "FLASHSAC_OPT_COLLECTOR_EAGER"
 
 _context: multiprocessing.context.BaseContext | None = None
@@ -184,8 +184,8 @@ def run_in_environ(environ: dict, target, args: tuple):
 def collector_eager_wanted(tensor_device: object = None) -> bool:
     """FLASHSAC_OPT_COLLECTOR_EAGER: "1" on, "0" off, "auto" or unset: on for a collector whose
     tensors live on the CPU (the ``collector_tensor_device`` UniLab routes into the collector's env
-    override: "cpu", "cuda:0", ...); anything else a clear
-    error (the launch hook asks first, with no device, to stop a malformed value before training)."""
+    override: "cpu", "cuda:0", ...); anything else a clear error. The launch hook asks first, with
+    no device, so that a malformed value stops the training before it starts."""
     value = os.environ.get(EAGER_ENV, "auto")
     if value not in ("0", "1", "auto"):
         raise ValueError(f"{EAGER_ENV} must be 0, 1 or auto, got {value!r}")
