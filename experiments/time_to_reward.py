@@ -221,15 +221,15 @@ def group_runs(runs: list[dict]) -> list[dict]:
         groups.setdefault((*(run[k] for k in GROUP_KEY), run.get("collector")), []).append(run)
     out = []
     for key, members in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][4], kv[0][5], kv[0][0] != "unilab", kv[0][1])):
+        config = {**dict(zip(GROUP_KEY, key)), **({"collector": key[-1]} if key[-1] else {})}
         members.sort(key=lambda r: r["seed"])
         seeds = [r["seed"] for r in members]
         repeated = sorted({s for s in seeds if seeds.count(s) > 1})
         if repeated:  # a median over seeds would count that seed twice
             files = [r["file"] for r in members if r["seed"] in repeated]
-            raise ValueError(f"{label(dict(zip(GROUP_KEY, key)))}: seed(s) {repeated} more than once ({', '.join(files)}); "
+            raise ValueError(f"{label(config)}: seed(s) {repeated} more than once ({', '.join(files)}); "
                              "summarize one run per seed")
         stat = lambda get: median_or_none([get(r) for r in members])  # noqa: E731
-        config = {**dict(zip(GROUP_KEY, key)), **({"collector": key[-1]} if key[-1] else {})}
         out.append({
             **config,
             "label": label(config),

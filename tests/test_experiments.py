@@ -2,7 +2,6 @@
 
 import ast
 import copy
-import gzip
 import importlib.util
 import json
 import logging
@@ -424,8 +423,10 @@ def test_bf16_obs_storage_experiment_short_cpu_run(tmp_path):
 
 
 def _committed(path: Path) -> dict:
-    """A committed training report (results/ keeps them gzipped; summaries name the .json)."""
-    return json.loads(gzip.decompress(path.with_name(f"{path.name.removesuffix('.gz')}.gz").read_bytes()))
+    """A committed training report by its name or its file's (results/ keeps them gzipped; summaries
+    name the .json), read as the experiments read them."""
+    common = load("common.py")
+    return common.read_json(path.with_name(f"{common.report_name(path)}.gz"))
 
 
 def test_summarize_trainings_table_from_the_committed_h200_runs(tmp_path):

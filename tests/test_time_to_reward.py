@@ -4,7 +4,6 @@ committed H200 trainings (none reaches reward 20), and the device's time-to-rewa
 driver's dry run shows their trainings' commands)."""
 
 import copy
-import gzip
 import json
 import re
 import subprocess
@@ -75,7 +74,7 @@ def test_median_over_seeds_counts_a_seed_that_never_got_there_as_latest():
 
 
 def fake_run(tmp_path, learner, seed, rewards, updates=64, stopped=False, carrier=None):
-    report = copy.deepcopy(json.loads(gzip.decompress(TEMPLATE.read_bytes())))
+    report = ttr.read_json(TEMPLATE)  # a fresh copy each call
     if carrier is not None:  # as benchmark_flashsac_training passes an --override
         report["unilab_command"] += f" training.collector_tensor_device={carrier}"
     report["learner"] = learner
@@ -285,7 +284,7 @@ def test_summary_of_the_committed_h200_trainings_says_no_run_reaches_reward_20(t
     assert "reward 20: not reached" in done.stdout and done.stdout.count("no threshold reached") == len(files)
     # the launch -> first update is the first logged row's seconds, as summarize_trainings reports it
     for r in report["runs"]:
-        rows = json.loads(gzip.decompress((TRAININGS / f"{r['file'].removesuffix('.gz')}.gz").read_bytes()))["rows_all"]
+        rows = ttr.read_json(TRAININGS / f"{r['file']}.gz")["rows_all"]  # summaries name the .json
         assert r["first_update_s"] == min(x["wall_s"] for x in rows)
     # the 3-seed groups at 2 updates per step are the only ones with enough seeds
     assert sorted((g["learner"], g["updates_per_step"]) for g in report["groups"] if g["enough_seeds"]) == [
@@ -458,7 +457,7 @@ def test_a_runs_precompiled_steps_come_from_its_last_compile_event():
 def _stand_in_trainings(out: Path, calls: list):
     """trainings.py stood in for by copies of one committed training JSON, one per run it is given,
     each recording whether its compile cache held anything at launch and leaving a file there."""
-    template = json.loads(gzip.decompress(TEMPLATE.read_bytes()))
+    template = ttr.read_json(TEMPLATE)
 
     def fake_run(cmd, env):
         calls.append((cmd, env))

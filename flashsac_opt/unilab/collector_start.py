@@ -165,7 +165,7 @@ def run_in_environ(environ: dict, target, args: tuple):
     if confined is not None:
         print(f"flashsac_opt: {host_cpus.SPARE_ENV}: the collector runs on CPUs {confined['collector_cpus']}, "
               f"leaving {confined['spared_cpus']} to the learner process", file=sys.stderr, flush=True)
-    collector_kwargs = args[2] if len(args) == 3 and isinstance(args[2], dict) else {}
+    _target_fn, _error_conn, collector_kwargs = args  # as process_args built them
     tensor_device = (collector_kwargs.get("env_cfg_override") or {}).get("collector_tensor_device")  # UniLab routes it there
     if collector_eager_wanted(tensor_device):
         import torch as eager_torch
