@@ -1,0 +1,146 @@
+"""Issue 45, item 1 as a measured study: a SimbaV2 block's training forward (up projection,
+BatchNorm, ReLU, down projection, BatchNorm, ReLU, skip connection) for two critic members,
+
+- composite: two bmm and Inductor's kernels for the rest (torch.compile of the block as the critic
+  writes it: the up projection's ReLU rounded to the GEMM dtype);
+- gemm_stats: flashsac_opt/gemm_stats.py, three launches: the up GEMM with the statistics in its
+  epilogue, the down GEMM with the up layer's BatchNorm + ReLU in its prologue and its own
+  statistics in its epilogue, then the last BatchNorm, ReLU and the skip connection;
+  "+ moments" adds both layers' mean and variance from the partials (compiled), which the running
+  statistics need;
+- member_linear_bn_relu: kernels.py's kernel (every row in one program), two launches;
+- bmm alone: the two GEMMs, the floor of any variant that keeps cuBLAS.
+
+Each cell: one CUDA graph of `--calls` block forwards back to back, replayed `--repeat` times (us
+per block, median and p90), kernels per block (torch.profiler on one eager call), and the largest
+difference of the block's output from a float32 composite.
+
+    python experiments/bench/gemm_stats_block.py --output /tmp/gemm_stats_block.json
+
+On a CPU (Triton's interpreter: TRITON_INTERPRET=1) it checks the variants' outputs on a small shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: common, bench
+
+import torch
+
+from flashsac_opt import gemm_stats, kernels
+from flashsac_opt.networks import BN_EPS, EXPANSION
+
+MEMBERS = 2
+HIDDEN = 256
+
+
+def bn_relu(h, gamma, beta):
+    h = h.float()
+    mean, var = h.mean(1, keepdim=True), h.var(1, correction=0, keepdim=True)
+    return torch.relu((h - mean) * torch.rsqrt(var + BN_EPS) * gamma.unsqueeze(1) + beta.unsqueeze(1))
+
+
+def composite(x, w_up, w_down, g_up, b_up, g_down, b_down):
+    y = bn_relu(torch.bmm(x, w_up.transpose(1, 2)), g_up, b_up).to(x.dtype)
+    return (bn_relu(torch.bmm(y, w_down.transpose(1, 2)), g_down, b_down) + x).to(x.dtype)
+
+
+def with_gemm_stats(x, w_up, w_down, g_up, b_up, g_down, b_down):
+    h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up, eps=BN_EPS)
+    h_down, s_down, m2_down = gemm_stats.gemm_stats(h_up, w_down, (s_up, m2_up, g_up, b_up), eps=BN_EPS)
+    y = gemm_stats.bn_relu_apply(h_down, (s_down, m2_down, g_down, b_down), residual=x, eps=BN_EPS)
+    return y, (s_up, m2_up, s_down, m2_down)
+
+
+def with_member_linear_bn_relu(x, w_up, w_down, g_up, b_up, g_down, b_down):
+    y, _, _ = kernels.member_linear_bn_relu(x, w_up, g_up, b_up, BN_EPS, y_in_input_dtype=True)
+    y, _, _ = kernels.member_linear_bn_relu(y, w_down, g_down, b_down, BN_EPS, y_in_input_dtype=True, residual=x)
+    return y
+
+
+def operands(rows, dtype, device):
+    g = torch.Generator(device=device).manual_seed(rows)
+    wide = HIDDEN * EXPANSION
+    x = torch.randn(MEMBERS, rows, HIDDEN, generator=g, device=device).to(dtype)
+    w_up = (torch.randn(MEMBERS, wide, HIDDEN, generator=g, device=device) / HIDDEN**0.5).to(dtype)
+    w_down = (torch.randn(MEMBERS, HIDDEN, wide, generator=g, device=device) / wide**0.5).to(dtype)
+    g_up, b_up = torch.rand(MEMBERS, wide, generator=g, device=device) + 0.5, torch.randn(MEMBERS, wide, generator=g, device=device) * 0.1
+    g_down, b_down = torch.rand(MEMBERS, HIDDEN, generator=g, device=device) + 0.5, torch.randn(MEMBERS, HIDDEN, generator=g, device=device) * 0.1
+    return x, w_up, w_down, g_up, b_up, g_down, b_down
+
+
+def kernels_per_call(step) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[dict]:
+    from common import percentile
+
+    timed = device == "cuda"
+    dtype = torch.bfloat16 if timed else torch.float16  # the interpreter misreads bfloat16
+    compiled = torch.compile(composite) if timed else composite
+    moments = torch.compile(lambda s_up, m2_up, s_down, m2_down, rows: (
+        gemm_stats.moments(s_up, m2_up, rows), gemm_stats.moments(s_down, m2_down, rows))) if timed else None
+    cells = []
+    for rows in rows_list:
+        args = operands(rows, dtype, device)
+        want = composite(args[0].float(), *(a.float() for a in args[1:]))
+        variants = {
+            "composite (bmm + Inductor)": lambda: compiled(*args),
+            "gemm_stats": lambda: with_gemm_stats(*args)[0],
+            "member_linear_bn_relu": lambda: with_member_linear_bn_relu(*args),
+            "bmm alone": lambda: torch.bmm(torch.bmm(args[0], args[1].transpose(1, 2)), args[2].transpose(1, 2)),
+        }
+        if timed:
+            variants["gemm_stats + moments"] = lambda: moments(*with_gemm_stats(*args)[1], rows)
+        for name, step in variants.items():
+            out = step()
+            cell = {"rows": rows, "members": MEMBERS, "hidden": HIDDEN, "wide": HIDDEN * EXPANSION, "dtype": str(dtype), "variant": name}
+            if name in ("composite (bmm + Inductor)", "gemm_stats", "member_linear_bn_relu"):
+                cell["max_abs_error"] = (out.float() - want).abs().max().item()
+            if timed:
+                from bench.roofline import captured_replay_us
+
+                us = captured_replay_us(step, calls=calls, repeat=repeat)
+                cell.update(us_median=percentile(us, 50), us_p90=percentile(us, 90), kernels=kernels_per_call(step))
+            cells.append(cell)
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common import run_environment
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rows", type=int, nargs="+", default=None, help="default: 256 512 on CUDA, 40 on the CPU")
+    parser.add_argument("--calls", type=int, default=20, help="block forwards captured back to back in one graph")
+    parser.add_argument("--repeat", type=int, default=30, help="timed replays (after 3 untimed)")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    kernels.register()
+    rows = args.rows or ([256, 512] if args.device == "cuda" else [40])
+    cells = measure(args.device, args.calls, args.repeat, rows)
+    bad = [c for c in cells if c.get("max_abs_error", 0.0) > 0.1]
+    result = {"experiment": "gemm_stats_block", "environment": run_environment(args.device, ("triton",)),
+              "config": {"gemm_stats (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)": list(gemm_stats.CONFIG)},
+              "cells": cells, "outputs_over_error_bound": len(bad)}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    for c in cells:
+        print(f"rows {c['rows']} {c['variant']}: {c.get('us_median', 0):.2f} us (p90 {c.get('us_p90', 0):.2f}), "
+              f"{c.get('kernels', '-')} kernels, error {c.get('max_abs_error', 0):.2e}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""flashsac_opt/gemm_stats.py (issue 45 item 1, a study): the row-split GEMM with BatchNorm statistics
+in its epilogue and the previous layer's BatchNorm + ReLU in its prologue, against the composite
+block. On the CPU through Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py), float32."""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the kernels are Triton kernels (.ci/run installs triton)")
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("without CUDA these tests need Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported)",
+                allow_module_level=True)
+
+from flashsac_opt import gemm_stats  # noqa: E402
+from flashsac_opt.networks import BN_EPS  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def bn_relu(h, gamma, beta):
+    mean, var = h.mean(1, keepdim=True), h.var(1, correction=0, keepdim=True)
+    return torch.relu((h - mean) * torch.rsqrt(var + BN_EPS) * gamma.unsqueeze(1) + beta.unsqueeze(1)), mean.squeeze(1), var.squeeze(1)
+
+
+def affine(members, width, g):
+    return (torch.rand(members, width, generator=g) + 0.5).to(DEVICE), torch.randn(members, width, generator=g).to(DEVICE)
+
+
+@pytest.mark.parametrize("members,rows,inputs,wide,expanded", [
+    (2, 150, 24, 80, False),  # three row tiles, the last one partial; inputs and features off the block sizes
+    (3, 64, 40, 70, True),    # one full row tile; the critic's input rows expanded over the members (stride 0)
+    (2, 2, 8, 32, False),     # the fewest rows BatchNorm allows
+])
+def test_a_block_through_gemm_stats_is_the_composite_block(members, rows, inputs, wide, expanded):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1 if expanded else members, rows, inputs, generator=g).to(DEVICE) + 3.0
+    x = x.expand(members, -1, -1)
+    w_up = (torch.randn(members, wide, inputs, generator=g) / inputs**0.5).to(DEVICE)
+    w_down = (torch.randn(members, inputs, wide, generator=g) / wide**0.5).to(DEVICE)
+    (g_up, b_up), (g_down, b_down) = affine(members, wide, g), affine(members, inputs, g)
+
+    h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up, eps=BN_EPS)
+    assert s_up.shape == m2_up.shape == (members, gemm_stats.row_tiles(rows), wide)
+    ref_up = torch.bmm(x, w_up.transpose(1, 2))
+    torch.testing.assert_close(h_up, ref_up, rtol=1e-5, atol=1e-5)
+    a_up, mean_ref, var_ref = bn_relu(ref_up, g_up, b_up)
+    mean, var = gemm_stats.moments(s_up, m2_up, rows)
+    torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(var, var_ref, rtol=1e-5, atol=1e-4)
+    assert (a_up > 0).any() and (a_up == 0).any()  # the prologue's ReLU cuts something
+
+    h_down, s_down, m2_down = gemm_stats.gemm_stats(h_up, w_down, (s_up, m2_up, g_up, b_up), eps=BN_EPS)
+    ref_down = torch.bmm(a_up, w_down.transpose(1, 2))
+    torch.testing.assert_close(h_down, ref_down, rtol=1e-4, atol=1e-4)
+    y = gemm_stats.bn_relu_apply(h_down, (s_down, m2_down, g_down, b_down), residual=x, eps=BN_EPS)
+    torch.testing.assert_close(y, bn_relu(ref_down, g_down, b_down)[0] + x, rtol=1e-4, atol=1e-4)
+    no_skip = gemm_stats.bn_relu_apply(h_down, (s_down, m2_down, g_down, b_down), eps=BN_EPS)
+    torch.testing.assert_close(no_skip, bn_relu(ref_down, g_down, b_down)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_partials_keep_the_variance_of_features_far_from_zero():
+    """Outputs near 1000 with unit spread: float32 E[h^2] - E[h]^2 would lose the variance
+    (1e6 - 1e6 at float32's 0.06 step); the centred partials keep it to float32's rounding of h."""
+    g = torch.Generator().manual_seed(0)
+    rows, members, width = 200, 2, 16
+    x = torch.cat([torch.randn(members, rows, 8, generator=g, dtype=torch.float64), torch.ones(members, rows, 1, dtype=torch.float64)], 2)
+    w = torch.cat([torch.randn(members, width, 8, generator=g, dtype=torch.float64), torch.full((members, width, 1), 1000.0, dtype=torch.float64)], 2)
+    exact = torch.bmm(x, w.transpose(1, 2))
+    _, s, m2 = gemm_stats.gemm_stats(x.float().to(DEVICE), w.float().to(DEVICE), eps=BN_EPS)
+    _, var = gemm_stats.moments(s, m2, rows)
+    torch.testing.assert_close(var.double().cpu(), exact.var(1, correction=0), rtol=2e-3, atol=0)
+
+
+def test_bad_operands_are_refused_with_what_was_given():
+    a, w = torch.zeros(2, 16, 8, device=DEVICE), torch.zeros(2, 12, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="one GEMM dtype"):
+        gemm_stats.gemm_stats(a, w.double())
+    with pytest.raises(ValueError, match=r"\(members, rows, in\)"):
+        gemm_stats.gemm_stats(a, w[:, :, :4])
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        gemm_stats.gemm_stats(a[:, :1], w)
+    h, s, m2 = gemm_stats.gemm_stats(a, w)
+    gamma = torch.ones(2, 12, device=DEVICE)
+    with pytest.raises(ValueError, match="partials"):
+        gemm_stats.bn_relu_apply(h, (s[:, :0], m2, gamma, gamma))
+    with pytest.raises(ValueError, match="gamma"):
+        gemm_stats.gemm_stats(h, torch.zeros(2, 4, 12, device=DEVICE), (s, m2, gamma[:, :3], gamma))
+    with pytest.raises(ValueError, match="residual"):
+        gemm_stats.bn_relu_apply(h, (s, m2, gamma, gamma), residual=h[:, :3])
