@@ -75,6 +75,7 @@ def gemm_stats(a: torch.Tensor, w: torch.Tensor, bn_in=None, eps: float = 1e-5):
         a, w, h, s, m2, in_s, in_m2, in_gamma.float().contiguous(), in_beta.float().contiguous(), eps,
         a.stride(0), a.stride(1), a.stride(2), w.stride(0), w.stride(1), w.stride(2),
         rows=rows, features=features, inputs=inputs, PROLOGUE=bn_in is not None, IN_TILES=tiles, IN_TILE_M=block_m,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # float32 as PyTorch's bmm computes it (no TF32)
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )
     return h, s, m2

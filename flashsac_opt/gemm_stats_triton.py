@@ -30,7 +30,7 @@ def gemm_stats_kernel(
     a_ptr, w_ptr, h_ptr, s_ptr, m2_ptr, in_s_ptr, in_m2_ptr, in_gamma_ptr, in_beta_ptr, eps,
     sa_n, sa_b, sa_k, sw_n, sw_o, sw_k,
     rows: tl.constexpr, features: tl.constexpr, inputs: tl.constexpr,
-    PROLOGUE: tl.constexpr, IN_TILES: tl.constexpr, IN_TILE_M: tl.constexpr,
+    PROLOGUE: tl.constexpr, IN_TILES: tl.constexpr, IN_TILE_M: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     member, tile_m, tile_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -50,7 +50,7 @@ def gemm_stats_kernel(
             a = tl.where(row_ok[:, None], a, 0.0).to(w_ptr.dtype.element_ty)  # padding rows stay out of the sums
         b = tl.load(w_ptr + member * sw_n + rn[None, :] * sw_o + rk[:, None] * sw_k,
                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision=PRECISION)
     # this tile's partials: padding rows are zeros in acc, and out of the centred sum
     n_rows = tl.sum(row_ok.to(tl.float32), axis=0)
     s = tl.sum(acc, axis=0)
