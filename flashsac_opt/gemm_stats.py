@@ -18,8 +18,8 @@ shifts and ReLUs the tile before the dot: the BatchNorm output is never written 
 `bn_relu_apply` is the same prologue as a kernel of its own, for a layer whose consumer is not a
 GEMM of ours (a block's output: BatchNorm, ReLU and the skip connection).
 
-Forward only: a learner would need a backward to match (item 1's "backward to match"); the study
-first measures whether the forward pays on the GPU.
+`block` puts a SimbaV2 block's training forward through them (three launches) with a PyTorch
+backward (Inductor's kernels, as the composite's).
 """
 
 from __future__ import annotations
@@ -105,9 +105,126 @@ def bn_relu_apply(h: torch.Tensor, stats, residual: torch.Tensor | None = None, 
 
 def moments(s: torch.Tensor, m2: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's batch mean and biased variance (members, features) from its partials, in PyTorch
-    (the running statistics' update)."""
-    block_m = CONFIG[0]
-    n_t = torch.tensor([min(block_m, rows - t * block_m) for t in range(s.shape[1])], dtype=torch.float32, device=s.device)
+    (the running statistics, the backward). Every row tile is full but the last: Python numbers
+    only, nothing to copy to the device inside a captured graph."""
+    block_m, tiles = CONFIG[0], s.shape[1]
+    last = rows - (tiles - 1) * block_m
     mean = s.sum(1) / rows
-    d = s / n_t[:, None] - mean[:, None, :]
-    return mean, (m2 + n_t[:, None] * d * d).sum(1) / rows
+    d_last = s[:, -1] / last - mean
+    m2_total = m2.sum(1) + last * d_last * d_last
+    if tiles > 1:
+        d_full = s[:, :-1] / block_m - mean.unsqueeze(1)
+        m2_total = m2_total + block_m * (d_full * d_full).sum(1)
+    return mean, m2_total / rows
+
+
+_registered = False
+
+
+def register():
+    """Register the two custom ops (once; needs Triton): torch.compile traces each as one node, our
+    CUDA graph captures its launch (a registration itself cannot be traced: the learner calls this at
+    construction)."""
+    global _registered
+    if _registered:
+        return
+
+    @torch.library.custom_op("flashsac_opt::gemm_stats", mutates_args=())
+    def gemm_stats_op(a: torch.Tensor, w: torch.Tensor, in_s: torch.Tensor | None, in_m2: torch.Tensor | None,
+                      in_gamma: torch.Tensor | None, in_beta: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bn_in = (in_s, in_m2, in_gamma, in_beta) if in_s is not None else None
+        return gemm_stats(a, w, bn_in, eps)
+
+    @gemm_stats_op.register_fake
+    def _(a, w, in_s, in_m2, in_gamma, in_beta, eps):
+        members, rows, _ = a.shape
+        part = a.new_empty((members, row_tiles(rows), w.shape[1]), dtype=torch.float32)
+        return a.new_empty((members, rows, w.shape[1])), part, torch.empty_like(part)
+
+    @torch.library.custom_op("flashsac_opt::bn_relu_apply", mutates_args=())
+    def bn_relu_apply_op(h: torch.Tensor, s: torch.Tensor, m2: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                         residual: torch.Tensor | None, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        return bn_relu_apply(h, (s, m2, gamma, beta), residual, eps, out_dtype)
+
+    @bn_relu_apply_op.register_fake
+    def _(h, s, m2, gamma, beta, residual, eps, out_dtype):
+        return h.new_empty(h.shape, dtype=out_dtype)
+
+    _registered = True
+
+
+class _Block(torch.autograd.Function):
+    """A SimbaV2 block in training mode through the two GEMMs with statistics and the last apply:
+    y = relu(BN(relu(BN(x @ w_up^T)) @ w_down^T)) + residual. Its backward is PyTorch (Inductor
+    fuses it as it fuses the composite's), from the saved pre-BatchNorm outputs and partials: the up
+    layer's output after its ReLU, which the forward never wrote, is recomputed for the down
+    weights' gradient. An autograd.Function with setup_context: the fused update differentiates
+    through torch.func."""
+
+    @staticmethod
+    def forward(x, residual, w_up, w_down, g_up, b_up, g_down, b_down, eps):
+        ops = torch.ops.flashsac_opt
+        h_up, s_up, m2_up = ops.gemm_stats(x, w_up, None, None, None, None, eps)
+        h_down, s_down, m2_down = ops.gemm_stats(h_up, w_down, s_up, m2_up, g_up, b_up, eps)
+        y = ops.bn_relu_apply(h_down, s_down, m2_down, g_down, b_down, x if residual is None else residual, eps, torch.float32)
+        return y, h_up, s_up, m2_up, h_down, s_down, m2_down
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, residual, w_up, w_down, g_up, b_up, g_down, b_down, eps = inputs
+        _y, h_up, s_up, m2_up, h_down, s_down, m2_down = output
+        ctx.save_for_backward(x, w_up, w_down, g_up, b_up, g_down, b_down, h_up, s_up, m2_up, h_down, s_down, m2_down)
+        ctx.eps = eps
+        ctx.residual_dtype = residual.dtype if residual is not None else None  # None: x is the residual
+        ctx.mark_non_differentiable(h_up, s_up, m2_up, h_down, s_down, m2_down)
+
+    @staticmethod
+    def backward(ctx, grad_y, *_unused):
+        x, w_up, w_down, g_up, b_up, g_down, b_down, h_up, s_up, m2_up, h_down, s_down, m2_down = ctx.saved_tensors
+        rows = x.shape[1]
+
+        def normalized(h, s, m2):
+            mean, var = moments(s, m2, rows)
+            rstd = torch.rsqrt(var + ctx.eps)
+            return (h.float() - mean.unsqueeze(1)) * rstd.unsqueeze(1), rstd
+
+        def bn_backward(dz, xhat, rstd, gamma):  # dz: the gradient at BatchNorm's output, ReLU mask applied
+            d_beta, d_gamma = dz.sum(1), (dz * xhat).sum(1)
+            dh = (gamma * rstd).unsqueeze(1) * (dz - (d_beta.unsqueeze(1) + xhat * d_gamma.unsqueeze(1)) / rows)
+            return dh.to(x.dtype), d_gamma, d_beta
+
+        xhat_down, rstd_down = normalized(h_down, s_down, m2_down)
+        dz_down = grad_y.float() * (xhat_down * g_down.unsqueeze(1) + b_down.unsqueeze(1) > 0)
+        dh_down, d_g_down, d_b_down = bn_backward(dz_down, xhat_down, rstd_down, g_down)
+        xhat_up, rstd_up = normalized(h_up, s_up, m2_up)
+        z_up = xhat_up * g_up.unsqueeze(1) + b_up.unsqueeze(1)
+        a_up = torch.relu(z_up).to(x.dtype)
+        d_w_down = torch.bmm(dh_down.transpose(1, 2), a_up)
+        dz_up = torch.bmm(dh_down, w_down).float() * (z_up > 0)
+        dh_up, d_g_up, d_b_up = bn_backward(dz_up, xhat_up, rstd_up, g_up)
+        d_x = torch.bmm(dh_up, w_up) if ctx.needs_input_grad[0] else None
+        d_residual = None
+        if ctx.residual_dtype is None:
+            d_x = d_x + grad_y.to(x.dtype) if d_x is not None else None
+        elif ctx.needs_input_grad[1]:
+            d_residual = grad_y.to(ctx.residual_dtype)
+        d_w_up = torch.bmm(dh_up.transpose(1, 2), x)
+        return (d_x, d_residual, d_w_up, d_w_down, d_g_up, d_b_up, d_g_down, d_b_down, None)
+
+
+def block(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, g_up: torch.Tensor, b_up: torch.Tensor,
+          g_down: torch.Tensor, b_down: torch.Tensor, eps: float = 1e-5, residual: torch.Tensor | None = None):
+    """A training-mode SimbaV2 block for every member: relu(BN(relu(BN(x @ w_up^T)) @ w_down^T)) +
+    residual (x where None), three launches. x (members, rows, hidden) and the weights in the GEMM
+    dtype; the affines (members, width); the output float32.
+    Returns (y, (mean, var) of the up layer, (mean, var) of the down layer)."""
+    if x.dim() != 3 or w_up.dim() != 3 or w_down.dim() != 3 or w_down.shape[1:] != w_up.shape[1:][::-1]:
+        raise ValueError(f"gemm_stats.block: x {tuple(x.shape)}, w_up {tuple(w_up.shape)}, w_down {tuple(w_down.shape)} "
+                         "must be (members, rows, hidden), (members, wide, hidden), (members, hidden, wide)")
+    if not _registered:  # eager callers; a compiled learner registered the ops at construction
+        register()
+    y, _h_up, s_up, m2_up, _h_down, s_down, m2_down = _Block.apply(
+        x, residual, w_up, w_down, g_up.float().contiguous(), b_up.float().contiguous(), g_down.float().contiguous(),
+        b_down.float().contiguous(), float(eps))
+    rows = x.shape[1]
+    return y, moments(s_up, m2_up, rows), moments(s_down, m2_down, rows)

@@ -88,3 +88,31 @@ def test_bad_operands_are_refused_with_what_was_given():
         gemm_stats.gemm_stats(h, torch.zeros(2, 4, 12, device=DEVICE), (s, m2, gamma[:, :3], gamma))
     with pytest.raises(ValueError, match="residual"):
         gemm_stats.bn_relu_apply(h, (s, m2, gamma, gamma), residual=h[:, :3])
+
+
+def composite_block(x, w_up, w_down, g_up, b_up, g_down, b_down):
+    a_up, mean_up, var_up = bn_relu(torch.bmm(x, w_up.transpose(1, 2)), g_up, b_up)
+    y, mean_down, var_down = bn_relu(torch.bmm(a_up, w_down.transpose(1, 2)), g_down, b_down)
+    return y + x, (mean_up, var_up), (mean_down, var_down)
+
+
+@pytest.mark.parametrize("rows", [150, 64])
+def test_the_block_is_the_composite_block_forward_and_backward(rows):
+    members, hidden, wide = 2, 24, 80
+    g = torch.Generator().manual_seed(rows)
+    x = (torch.randn(members, rows, hidden, generator=g) + 1.0).to(DEVICE).requires_grad_()
+    w_up = (torch.randn(members, wide, hidden, generator=g) / hidden**0.5).to(DEVICE).requires_grad_()
+    w_down = (torch.randn(members, hidden, wide, generator=g) / wide**0.5).to(DEVICE).requires_grad_()
+    affines = [t.requires_grad_() for t in affine(members, wide, g) + affine(members, hidden, g)]
+    params = (x, w_up, w_down, *affines)
+    y, up, down = gemm_stats.block(*params, eps=BN_EPS)
+    y_ref, up_ref, down_ref = composite_block(*params)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    for got, want in zip(up + down, up_ref + down_ref):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    grad = torch.randn(y.shape, generator=g).to(DEVICE)
+    # only y carries a gradient: the statistics feed the running statistics, which are buffers
+    got = torch.autograd.grad(y, params, grad)
+    want = torch.autograd.grad(y_ref, params, grad)
+    for name, a, b in zip(("x", "w_up", "w_down", "g_up", "b_up", "g_down", "b_down"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"grad {name}: {m}")

@@ -9,7 +9,9 @@ BatchNorm, ReLU, down projection, BatchNorm, ReLU, skip connection) for two crit
   "+ moments" adds both layers' mean and variance from the partials (compiled), which the running
   statistics need;
 - member_linear_bn_relu: kernels.py's kernel (every row in one program), two launches;
-- bmm alone: the two GEMMs, the floor of any variant that keeps cuBLAS.
+- bmm alone: the two GEMMs, the floor of any variant that keeps cuBLAS;
+- "fwd+bwd": the composite and gemm_stats.block (its backward in PyTorch) compiled, forward and
+  backward to every input (torch.autograd.grad), as a learner's critic runs them.
 
 Each cell: one CUDA graph of `--calls` block forwards back to back, replayed `--repeat` times (us
 per block, median and p90), kernels per block (torch.profiler on one eager call), and the largest
@@ -73,6 +75,11 @@ def operands(rows, dtype, device):
     return x, w_up, w_down, g_up, b_up, g_down, b_down
 
 
+def forward_backward(fn, leaves, grad):
+    y = fn(*leaves)
+    return torch.autograd.grad(y, leaves, grad.to(y.dtype))
+
+
 def kernels_per_call(step) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -89,6 +96,7 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
     timed = device == "cuda"
     dtype = torch.bfloat16 if timed else torch.float16  # the interpreter misreads bfloat16
     compiled = torch.compile(composite) if timed else composite
+    block_compiled = torch.compile(lambda *a: gemm_stats.block(*a, eps=BN_EPS)[0]) if timed else None
     moments = torch.compile(lambda s_up, m2_up, s_down, m2_down, rows: (
         gemm_stats.moments(s_up, m2_up, rows), gemm_stats.moments(s_down, m2_down, rows))) if timed else None
     cells = []
@@ -103,6 +111,10 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
         }
         if timed:
             variants["gemm_stats + moments"] = lambda: moments(*with_gemm_stats(*args)[1], rows)
+            leaves = [a.detach().requires_grad_() for a in args]
+            grad = torch.randn_like(want)
+            for name, fn in (("composite fwd+bwd", compiled), ("gemm_stats fwd+bwd", block_compiled)):
+                variants[name] = lambda fn=fn: forward_backward(fn, leaves, grad)
         for name, step in variants.items():
             out = step()
             cell = {"rows": rows, "members": MEMBERS, "hidden": HIDDEN, "wide": HIDDEN * EXPANSION, "dtype": str(dtype), "variant": name}
@@ -128,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     kernels.register()
+    gemm_stats.register()
     rows = args.rows or ([256, 512] if args.device == "cuda" else [40])
     cells = measure(args.device, args.calls, args.repeat, rows)
     bad = [c for c in cells if c.get("max_abs_error", 0.0) > 0.1]
