@@ -186,6 +186,11 @@ class EngineOptions:
     # Needs Triton. Issue 45's first step, off: slower than graph mode on one H100
     # (results/learner_benchmark/fused_linear_bn_relu_2026-12-07).
     fused_linear_bn_relu: bool = False
+    # Each critic or actor block in training mode through gemm_stats.block: row-split Triton GEMMs
+    # that reduce BatchNorm's statistics in their epilogues, the up layer's BN + ReLU in the down
+    # GEMM's prologue, the last BN, ReLU and skip connection in a third launch; the backward in
+    # PyTorch. Batches up to gemm_stats.MAX_ROWS rows. Issue 45 item 1, a study: off. Needs Triton.
+    gemm_stats_block: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
@@ -231,8 +236,11 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
         for name in COMPILED_MODE_NETWORK_OPTIONS:  # a string from a command line ("false") would read as on
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be true, false or null (on in the compiled modes), got {getattr(self, name)!r}")
-        if self.fused_linear_bn_relu not in (True, False):
-            raise ValueError(f"fused_linear_bn_relu must be true or false, got {self.fused_linear_bn_relu!r}")
+        for name in ("fused_linear_bn_relu", "gemm_stats_block"):
+            if getattr(self, name) not in (True, False):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.fused_linear_bn_relu and self.gemm_stats_block:
+            raise ValueError("fused_linear_bn_relu and gemm_stats_block exclude each other: each replaces the same block layers")
         if self.input_bn_chunk_rows < 0:
             raise ValueError(f"input_bn_chunk_rows must be >= 0 (0: one pass), got {self.input_bn_chunk_rows}")
         for name in ("batch_size", "updates_per_step", "policy_frequency", "target_frequency", "num_atoms"):

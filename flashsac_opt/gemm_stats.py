@@ -28,6 +28,22 @@ import torch
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps): fixed, no autotuning; BLOCK_M also sets the partials' row tiles.
 CONFIG = (64, 64, 64, 4)
+# The prologue combines every row tile of its input's partials (an unrolled loop): issue 45's
+# small batches only; larger ones keep the composite path.
+MAX_ROWS = 1024
+
+
+def supports(rows: int) -> bool:
+    return 2 <= rows <= MAX_ROWS
+
+
+def require() -> None:
+    """Register the ops for a learner that asked for them; a clear error without Triton."""
+    from flashsac_opt import kernels
+
+    if not kernels.available():
+        raise ValueError("gemm_stats_block=true needs Triton (its GEMMs are Triton kernels); install triton or leave it off")
+    register()
 
 
 def row_tiles(rows: int, block_m: int = CONFIG[0]) -> int:

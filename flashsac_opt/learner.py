@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flashsac_opt import explore_graph, kernels
+from flashsac_opt import explore_graph, gemm_stats, kernels
 from flashsac_opt.config import FlashSACConfig
 from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
 from flashsac_opt.batch import check_batch
@@ -73,9 +73,12 @@ class FlashSACLearner:
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
             net.fused_linear_bn_relu = cfg.fused_linear_bn_relu
+            net.gemm_stats_block = cfg.gemm_stats_block
         critic_options = cfg.critic_network_options()
         if cfg.fused_linear_bn_relu:
             kernels.require()
+        if cfg.gemm_stats_block:
+            gemm_stats.require()
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
             for name, value in critic_options.items():
@@ -145,7 +148,7 @@ class FlashSACLearner:
             state=self._state_tensors(),
             # member_linear is a custom autograd.Function: without this every launch re-traced
             # the options' graphs (their warm start doubled beside UniLab, 2026-12-02)
-            cache_custom_autograd_functions=self.critic.contiguous_weight_grads or self.critic.fused_linear_bn_relu,
+            cache_custom_autograd_functions=self.critic.contiguous_weight_grads or cfg.fused_linear_bn_relu or cfg.gemm_stats_block,
             reduce=self.averager.average if self.averager is not None else None,
             # what names the default ("auto") cache file, with what the engine adds
             compile_cache_key={"dims": dict(self.dims), "config": asdict(cfg)},

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from flashsac_opt import kernels
+from flashsac_opt import gemm_stats, kernels
 from flashsac_opt.flat import FlatLayout
 
 BN_MOMENTUM = 0.01
@@ -106,6 +106,13 @@ def _renormalize(layout: FlatLayout, groups: list[tuple[str, str, str, int]], fl
     return out
 
 
+def _commit_statistics(s, name, mean, var, rows, new_stats):
+    """A training-mode BN layer's running statistics as the composite path commits them (the
+    variance unbiased), from batch moments a kernel computed."""
+    new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
+    new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))
+
+
 class _FlatNetwork(nn.Module):
     """Shared plumbing: flat parameters, BN statistics and their renormalization."""
 
@@ -120,6 +127,9 @@ class _FlatNetwork(nn.Module):
     # Each block layer's GEMM, training-mode BN, ReLU (and skip connection) in one Triton kernel
     # (EngineOptions.fused_linear_bn_relu).
     fused_linear_bn_relu = False
+    # Each block through gemm_stats.block: two GEMMs with the statistics in their epilogues, the
+    # up layer's BN + ReLU in the down GEMM's prologue (EngineOptions.gemm_stats_block).
+    gemm_stats_block = False
     relu_in_autocast_dtype = False  # the critic's option; the actor's up projections stay float32
 
     @torch.no_grad()
@@ -176,15 +186,37 @@ class _FlatNetwork(nn.Module):
         if one:
             y, mean, var = y.squeeze(0), mean.squeeze(0), var.squeeze(0)
         rows = x.shape[1]
-        new_stats.append(torch.lerp(s[f"{name}.mean"], mean, BN_MOMENTUM))
-        new_stats.append(torch.lerp(s[f"{name}.var"], var * (rows / max(rows - 1, 1)), BN_MOMENTUM))
+        _commit_statistics(s, name, mean, var, rows, new_stats)
+        return y
+
+    def _gemm_stats_block(self, x, w, p, s, b, new_stats):
+        """A training-mode block through gemm_stats.block (three launches), for an ensemble's
+        (members, rows, hidden) or one network's (rows, hidden) rows: the GEMMs on autocast's dtype
+        where it is on, the skip connection and the output in float32 as the composite's."""
+        one = x.dim() == 2  # the actor: one member
+        names = (f"{b}.up_bn.weight", f"{b}.up_bn.bias", f"{b}.down_bn.weight", f"{b}.down_bn.bias")
+        w_up, w_down, affines = w[f"{b}.up"], w[f"{b}.down"], [p[n] for n in names]
+        if one:
+            x, w_up, w_down, affines = x.unsqueeze(0), w_up.unsqueeze(0), w_down.unsqueeze(0), [a.unsqueeze(0) for a in affines]
+        dtype = autocast_dtype(x.device.type) or torch.promote_types(x.dtype, w_up.dtype)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x_gemm = x.to(dtype)
+            y, (mean_up, var_up), (mean_down, var_down) = gemm_stats.block(
+                x_gemm, w_up.to(dtype), w_down.to(dtype), *affines, eps=BN_EPS, residual=None if x_gemm is x else x)
+        if one:
+            y, mean_up, var_up, mean_down, var_down = (t.squeeze(0) for t in (y, mean_up, var_up, mean_down, var_down))
+        rows = x.shape[1]
+        _commit_statistics(s, f"{b}.up_bn", mean_up, var_up, rows, new_stats)
+        _commit_statistics(s, f"{b}.down_bn", mean_down, var_down, rows, new_stats)
         return y
 
     def _block(self, x, w, p, s, i, training, new_stats):
-        """One SimbaV2 block in training mode through the fused kernel: two launches (up: GEMM, BN,
-        ReLU; down: GEMM, BN, ReLU, skip connection). None where the kernel does not apply (the
-        composite path then runs)."""
+        """One SimbaV2 block in training mode through gemm_stats.block (three launches) or the fused
+        kernel (two: up: GEMM, BN, ReLU; down: GEMM, BN, ReLU, skip connection). None where neither
+        is on or applies (the composite path then runs)."""
         b = f"block{i}"
+        if training and self.gemm_stats_block and gemm_stats.supports(x.shape[-2]):
+            return self._gemm_stats_block(x, w, p, s, b, new_stats)
         rows_in = x if x.dim() == 3 else x.unsqueeze(0)
         w_up = w[f"{b}.up"] if x.dim() == 3 else w[f"{b}.up"].unsqueeze(0)
         if not (training and self.fused_linear_bn_relu and kernels.supports(rows_in, w_up)):

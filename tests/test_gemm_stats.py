@@ -116,3 +116,110 @@ def test_the_block_is_the_composite_block_forward_and_backward(rows):
     want = torch.autograd.grad(y_ref, params, grad)
     for name, a, b in zip(("x", "w_up", "w_down", "g_up", "b_up", "g_down", "b_down"), got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"grad {name}: {m}")
+
+
+def test_a_critic_and_an_actor_with_gemm_stats_blocks_are_the_composite_ones():
+    import copy
+
+    from flashsac_opt.networks import FlashSACActor, FlashSACCritic
+
+    torch.manual_seed(0)
+    plain = FlashSACCritic(20, 5, hidden_dim=32, num_blocks=2, num_atoms=11)
+    fused = copy.deepcopy(plain)
+    fused.gemm_stats_block = True
+    obs, actions = torch.randn(80, 20), torch.randn(80, 5)  # two row tiles, the second partial
+    q, log_probs, stats = plain(obs, actions, True)
+    q_f, log_probs_f, stats_f = fused(obs, actions, True)
+    torch.testing.assert_close(q_f, q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_probs_f, log_probs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats_f, stats, rtol=1e-5, atol=1e-6)  # the running statistics it commits
+    grad, = torch.autograd.grad((log_probs.exp() * 0.3).sum() + q.sum(), plain.params)
+    grad_f, = torch.autograd.grad((log_probs_f.exp() * 0.3).sum() + q_f.sum(), fused.params)
+    torch.testing.assert_close(grad_f, grad, rtol=1e-4, atol=1e-4)
+    assert torch.equal(fused(obs, actions, False)[0], plain(obs, actions, False)[0])  # evaluation: composite
+
+    actor = FlashSACActor(obs_dim=10, action_dim=3, hidden_dim=16)
+    actor_f = copy.deepcopy(actor)
+    actor_f.gemm_stats_block = True
+    obs = torch.randn(48, 10)
+    mean, std, stats = actor.distribution_params(obs, actor.params, actor.bn_stats, True)
+    mean_f, std_f, stats_f = actor_f.distribution_params(obs, actor_f.params, actor_f.bn_stats, True)
+    torch.testing.assert_close(mean_f, mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats_f, stats, rtol=1e-5, atol=1e-6)
+    grad, = torch.autograd.grad((mean * std).sum(), actor.params)
+    grad_f, = torch.autograd.grad((mean_f * std_f).sum(), actor_f.params)
+    torch.testing.assert_close(grad_f, grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", [
+    {"learner_mode": "eager"},
+    # traced by torch.compile (the ops as opaque nodes), differentiated through torch.func (the fused update)
+    {"learner_mode": "compile", "compile_backend": "aot_eager"},
+])
+def test_a_learner_with_gemm_stats_blocks_updates_as_the_composite_one(mode, monkeypatch):
+    from flashsac_opt import FlashSACConfig, FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    launches = []
+    gemm = gemm_stats.gemm_stats
+    monkeypatch.setattr(gemm_stats, "gemm_stats", lambda *a, **k: launches.append(1) or gemm(*a, **k))
+    dims = {"obs_dim": 12, "critic_obs_dim": 14, "action_dim": 4}
+    learners = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        cfg = FlashSACConfig(batch_size=32, updates_per_step=2, critic_hidden_dim=32, actor_hidden_dim=16, num_atoms=11,
+                             gemm_stats_block=on, **{"learner_mode": "eager", **mode})
+        learners.append(FlashSACLearner(cfg, **dims, device=torch.device("cpu")))
+    plain, fused = learners
+    assert all(net.gemm_stats_block for net in (fused.critic, fused.target_critic, fused.actor))
+    for learner in learners:
+        torch.manual_seed(1)
+        for i in range(3):
+            learner.update(synthetic_batch(64, 12, 14, 4, torch.Generator().manual_seed(i)))
+    # two GEMMs per training-mode block: the critic's and the target critic's every update, the
+    # actor's every policy_frequency-th
+    cfg, updates = plain.cfg, 3 * 2
+    assert len(launches) == updates * 2 * (2 * cfg.critic_num_blocks + cfg.actor_num_blocks / cfg.policy_frequency)
+    assert fused.read_metrics()["Loss/critic"] == pytest.approx(plain.read_metrics()["Loss/critic"], rel=1e-4)
+    for a, b in ((plain.critic.params, fused.critic.params), (plain.critic.bn_stats, fused.critic.bn_stats),
+                 (plain.actor.params, fused.actor.params)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=5e-5)
+
+
+def test_the_switch_needs_triton_and_excludes_the_fused_layer(monkeypatch):
+    from flashsac_opt import FlashSACConfig, FlashSACLearner, kernels
+
+    with pytest.raises(ValueError, match="exclude each other"):
+        FlashSACConfig(gemm_stats_block=True, fused_linear_bn_relu=True)
+    with pytest.raises(ValueError, match="gemm_stats_block must be true or false"):
+        FlashSACConfig(gemm_stats_block="yes")
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    with pytest.raises(ValueError, match="gemm_stats_block=true needs Triton"):
+        FlashSACLearner(FlashSACConfig(gemm_stats_block=True, learner_mode="eager"), obs_dim=12, critic_obs_dim=14, action_dim=4,
+                        device=torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["compile", "graph"])
+def test_on_cuda_gemm_stats_blocks_train_as_the_composite_ones_under_bf16(mode):
+    """The recipe's shapes (B256, critic 256 wide), compiled and captured: 4 iterations of 8 updates,
+    parameters within bf16 drift of the composite path's."""
+    from flashsac_opt import FlashSACConfig, FlashSACLearner
+    from flashsac_opt.testing.oracle import synthetic_batch
+
+    dims = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
+    learners = []
+    for on in (False, True):
+        torch.manual_seed(0)
+        cfg = FlashSACConfig(learner_mode=mode, batch_size=256, updates_per_step=8, gemm_stats_block=on)
+        learners.append(FlashSACLearner(cfg, **dims, device=torch.device("cuda")))
+    for learner in learners:
+        torch.manual_seed(1)
+        for i in range(4):
+            learner.update(synthetic_batch(256 * 8, 98, 101, 29, torch.Generator().manual_seed(i), device=torch.device("cuda")))
+    m, m_f = (learner.read_metrics() for learner in learners)
+    assert all(torch.isfinite(torch.tensor(v)) for v in m_f.values() if isinstance(v, float))
+    assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=2e-2)
+    drift = (learners[1].critic.params - learners[0].critic.params).abs().max().item()
+    assert drift < 2e-2, drift

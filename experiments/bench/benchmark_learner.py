@@ -113,6 +113,9 @@ GRAPH_STUDIES = {
     # issue 45's first Triton kernel: each layer of a critic or actor block (GEMM, training BN, ReLU,
     # the skip connection) in one launch (kernels.member_linear_bn_relu; up to kernels.MAX_ROWS rows: W1 / W2)
     "ours_graph_fused_linear_bn_relu": {"fused_linear_bn_relu": True},
+    # issue 45 item 1: each block's GEMMs with BatchNorm statistics epilogues and the apply in the
+    # next GEMM's prologue (gemm_stats.block; up to gemm_stats.MAX_ROWS rows: W1 / W2)
+    "ours_graph_gemm_stats_block": {"gemm_stats_block": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
