@@ -72,13 +72,11 @@ class FlashSACLearner:
         self.target_critic.params.requires_grad_(False)
         for net in (self.actor, self.critic, self.target_critic):
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
-            net.fused_linear_bn_relu = cfg.fused_linear_bn_relu
-            net.gemm_stats_block = cfg.gemm_stats_block
+            net.fused_linear_bn_relu, net.gemm_stats_block = cfg.fused_linear_bn_relu, cfg.gemm_stats_block
         critic_options = cfg.critic_network_options()
-        if cfg.fused_linear_bn_relu:
-            kernels.require()
-        if cfg.gemm_stats_block:
-            gemm_stats.require()
+        for triton_switch, module in ((cfg.fused_linear_bn_relu, kernels), (cfg.gemm_stats_block, gemm_stats)):
+            if triton_switch:  # registers the custom ops before anything is traced; a clear error without Triton
+                module.require()
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
             for name, value in critic_options.items():
