@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import torch
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps): fixed, no autotuning; BLOCK_M also sets the partials' row tiles.
-CONFIG = (64, 64, 64, 4)
+# Rows per program of every gemm_stats launch, hence per row tile of the partials its consumers combine.
+TILE_M = 64
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) by a layer's (inputs, features): fixed, no autotuning at
+# start-up; DEFAULT_CONFIG for shapes the table does not name.
+CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+DEFAULT_CONFIG = (64, 64, 4, 3)
 # The prologue combines every row tile of its input's partials (an unrolled loop): issue 45's
 # small batches only; larger ones keep the composite path.
 MAX_ROWS = 1024
@@ -46,8 +50,8 @@ def require() -> None:
     register()
 
 
-def row_tiles(rows: int, block_m: int = CONFIG[0]) -> int:
-    return -(-rows // block_m)
+def row_tiles(rows: int) -> int:
+    return -(-rows // TILE_M)
 
 
 def _kernels():
@@ -65,11 +69,12 @@ def _check_statistics(name, stats, members, rows, width):
         raise ValueError(f"{name}: gamma {tuple(gamma.shape)} and beta {tuple(beta.shape)} must be {(members, width)}")
 
 
-def gemm_stats(a: torch.Tensor, w: torch.Tensor, bn_in=None, eps: float = 1e-5):
+def gemm_stats(a: torch.Tensor, w: torch.Tensor, bn_in=None, eps: float = 1e-5, config=None):
     """h[n] = f(a[n]) @ w[n]^T for every member n, with f = identity, or with ``bn_in = (s, m2, gamma,
     beta)`` (the producer's partials and BatchNorm affine) f = relu(BN_train(.)). a (members, rows,
     in) (stride 0 over members allowed), w (members, out, in) in one dtype. Returns h (members, rows,
-    out) in a's dtype and its partials s, m2 (members, row_tiles(rows), out) float32."""
+    out) in a's dtype and its partials s, m2 (members, row_tiles(rows), out) float32. ``config``
+    (BLOCK_N, BLOCK_K, num_warps, num_stages) overrides the table (the offline sweep)."""
     if a.dim() != 3 or w.dim() != 3 or a.shape[0] != w.shape[0] or a.shape[2] != w.shape[2]:
         raise ValueError(f"gemm_stats: a {tuple(a.shape)} and w {tuple(w.shape)} must be (members, rows, in) and (members, out, in)")
     if a.dtype != w.dtype:
@@ -78,7 +83,8 @@ def gemm_stats(a: torch.Tensor, w: torch.Tensor, bn_in=None, eps: float = 1e-5):
     if rows < 2:
         raise ValueError("gemm_stats: BatchNorm's batch statistics need at least 2 rows")
     features = w.shape[1]
-    block_m, block_n, block_k, warps = CONFIG
+    block_m = TILE_M
+    block_n, block_k, warps, stages = config or CONFIGS.get((inputs, features), DEFAULT_CONFIG)
     tiles = row_tiles(rows)
     h = torch.empty((members, rows, features), dtype=a.dtype, device=a.device)
     s = torch.empty((members, tiles, features), dtype=torch.float32, device=a.device)
@@ -92,7 +98,7 @@ def gemm_stats(a: torch.Tensor, w: torch.Tensor, bn_in=None, eps: float = 1e-5):
         a.stride(0), a.stride(1), a.stride(2), w.stride(0), w.stride(1), w.stride(2),
         rows=rows, features=features, inputs=inputs, PROLOGUE=bn_in is not None, IN_TILES=tiles, IN_TILE_M=block_m,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # float32 as PyTorch's bmm computes it (no TF32)
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )
     return h, s, m2
 
@@ -113,7 +119,7 @@ def bn_relu_apply(h: torch.Tensor, stats, residual: torch.Tensor | None = None, 
     _, bn_relu_apply_kernel = _kernels()
     bn_relu_apply_kernel[(members, -(-rows // block_m), -(-features // block_n))](
         h, s, m2, gamma.float().contiguous(), beta.float().contiguous(), residual if residual is not None else h, y, eps,
-        rows=rows, features=features, TILES=row_tiles(rows), TILE_M=CONFIG[0], HAS_RESIDUAL=residual is not None,
+        rows=rows, features=features, TILES=row_tiles(rows), TILE_M=TILE_M, HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
     )
     return y
@@ -123,7 +129,7 @@ def moments(s: torch.Tensor, m2: torch.Tensor, rows: int) -> tuple[torch.Tensor,
     """A layer's batch mean and biased variance (members, features) from its partials, in PyTorch
     (the running statistics, the backward). Every row tile is full but the last: Python numbers
     only, nothing to copy to the device inside a captured graph."""
-    block_m, tiles = CONFIG[0], s.shape[1]
+    block_m, tiles = TILE_M, s.shape[1]
     last = rows - (tiles - 1) * block_m
     mean = s.sum(1) / rows
     d_last = s[:, -1] / last - mean

@@ -19,12 +19,17 @@ difference of the block's output from a float32 composite.
 
     python experiments/bench/gemm_stats_block.py --output /tmp/gemm_stats_block.json
 
+With --sweep it times each of the two GEMMs alone (the down one with its prologue) in every launch
+configuration of a small grid, for each TILE_M, and names the best per layer: the table behind
+gemm_stats.CONFIGS.
+
 On a CPU (Triton's interpreter: TRITON_INTERPRET=1) it checks the variants' outputs on a small shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -124,9 +129,53 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
                 from bench.roofline import captured_replay_us
 
                 us = captured_replay_us(step, calls=calls, repeat=repeat)
-                cell.update(us_median=percentile(us, 50), us_p90=percentile(us, 90), kernels=kernels_per_call(step))
+                cell.update(us_median=percentile(us, 0.5), us_p90=percentile(us, 0.9), kernels=kernels_per_call(step))
             cells.append(cell)
     return cells
+
+
+SWEEP = list(itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))  # BLOCK_N, BLOCK_K, warps, stages
+
+
+def sweep(device: str, calls: int, repeat: int, rows: int) -> tuple[list[dict], dict]:
+    """Each GEMM of the block alone in every configuration, per TILE_M; the best per (TILE_M, layer)."""
+    from common import percentile
+
+    timed = device == "cuda"
+    dtype = torch.bfloat16 if timed else torch.float16
+    x, w_up, w_down, g_up, b_up, _, _ = operands(rows, dtype, device)
+    configs = SWEEP if timed else SWEEP[:2]
+    cells, best = [], {}
+    default_tile_m = gemm_stats.TILE_M
+    try:
+        for tile_m in (32, 64):
+            gemm_stats.TILE_M = tile_m
+            h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up, eps=BN_EPS)
+            bn_in = (s_up, m2_up, g_up, b_up)
+            want_down = torch.bmm(bn_relu(h_up, g_up, b_up).to(dtype), w_down.transpose(1, 2)).float()
+            layers = {"up": (lambda c: gemm_stats.gemm_stats(x, w_up, eps=BN_EPS, config=c)[0], torch.bmm(x, w_up.transpose(1, 2)).float()),
+                      "down": (lambda c: gemm_stats.gemm_stats(h_up, w_down, bn_in, BN_EPS, config=c)[0], want_down)}
+            for layer, (launch, want) in layers.items():
+                for config in configs:
+                    try:
+                        error = (launch(config).float() - want).abs().max().item()
+                    except Exception as exc:  # a configuration past the GPU's shared memory
+                        cells.append({"tile_m": tile_m, "layer": layer, "config": list(config), "error": type(exc).__name__})
+                        continue
+                    cell = {"tile_m": tile_m, "layer": layer, "config": list(config), "max_abs_error": error}
+                    if timed:
+                        from bench.roofline import captured_replay_us
+
+                        us = captured_replay_us(lambda config=config: launch(config), calls=calls, repeat=repeat)
+                        cell.update(us_median=percentile(us, 0.5), us_p90=percentile(us, 0.9))
+                    cells.append(cell)
+                timed_cells = [c for c in cells if c.get("tile_m") == tile_m and c.get("layer") == layer and "us_median" in c]
+                if timed_cells:
+                    fastest = min(timed_cells, key=lambda c: c["us_median"])
+                    best[f"tile_m {tile_m} {layer}"] = {"config": fastest["config"], "us_median": fastest["us_median"]}
+    finally:
+        gemm_stats.TILE_M = default_tile_m
+    return cells, best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,15 +186,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=None, help="default: 256 512 on CUDA, 40 on the CPU")
     parser.add_argument("--calls", type=int, default=20, help="block forwards captured back to back in one graph")
     parser.add_argument("--repeat", type=int, default=30, help="timed replays (after 3 untimed)")
+    parser.add_argument("--sweep", action="store_true", help="the launch configurations of each GEMM instead of the variants")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     kernels.register()
     gemm_stats.register()
+    if args.sweep:
+        cells, best = sweep(args.device, args.calls, args.repeat, (args.rows or [256 if args.device == "cuda" else 40])[0])
+        result = {"experiment": "gemm_stats_sweep", "environment": run_environment(args.device, ("triton",)),
+                  "grid": "BLOCK_N x BLOCK_K x num_warps x num_stages", "cells": cells, "best": best}
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(best, indent=1))
+        return 1 if any(c.get("max_abs_error", 0.0) > 0.1 for c in cells) else 0
     rows = args.rows or ([256, 512] if args.device == "cuda" else [40])
     cells = measure(args.device, args.calls, args.repeat, rows)
     bad = [c for c in cells if c.get("max_abs_error", 0.0) > 0.1]
     result = {"experiment": "gemm_stats_block", "environment": run_environment(args.device, ("triton",)),
-              "config": {"gemm_stats (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)": list(gemm_stats.CONFIG)},
+              "config": {"tile_m": gemm_stats.TILE_M, "(BLOCK_N, BLOCK_K, num_warps, num_stages)": list(gemm_stats.DEFAULT_CONFIG)},
               "cells": cells, "outputs_over_error_bound": len(bad)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
