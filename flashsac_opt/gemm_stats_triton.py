@@ -9,7 +9,8 @@ import triton.language as tl
 @triton.jit
 def scale_shift(s_ptr, m2_ptr, gamma_ptr, beta_ptr, member, cols, col_ok, eps,
                 width: tl.constexpr, rows: tl.constexpr, TILES: tl.constexpr, TILE_M: tl.constexpr):
-    """BatchNorm's affine as x * scale + shift for ``cols`` of one member, from a layer's partials."""
+    """The batch mean and biased variance of ``cols`` of one member, from a layer's partials, and
+    BatchNorm's affine as x * scale + shift."""
     base = member * TILES * width + cols
     total = tl.zeros(cols.shape, dtype=tl.float32)
     for t in tl.static_range(TILES):
@@ -20,17 +21,32 @@ def scale_shift(s_ptr, m2_ptr, gamma_ptr, beta_ptr, member, cols, col_ok, eps,
         n_t = tl.minimum(TILE_M, rows - t * TILE_M).to(tl.float32)
         d = tl.load(s_ptr + base + t * width, mask=col_ok, other=0.0) / n_t - mean
         m2 += tl.load(m2_ptr + base + t * width, mask=col_ok, other=0.0) + n_t * d * d
-    scale = tl.load(gamma_ptr + member * width + cols, mask=col_ok, other=0.0) / tl.sqrt(m2 / rows + eps)
+    var = m2 / rows
+    scale = tl.load(gamma_ptr + member * width + cols, mask=col_ok, other=0.0) / tl.sqrt(var + eps)
     shift = tl.load(beta_ptr + member * width + cols, mask=col_ok, other=0.0) - mean * scale
-    return scale, shift
+    return mean, var, scale, shift
+
+
+@triton.jit
+def finalize_kernel(s_ptr, m2_ptr, gamma_ptr, beta_ptr, mean_ptr, var_ptr, scale_ptr, shift_ptr, eps,
+                    features: tl.constexpr, rows: tl.constexpr, TILES: tl.constexpr, TILE_M: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    member = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < features
+    mean, var, scale, shift = scale_shift(s_ptr, m2_ptr, gamma_ptr, beta_ptr, member, cols, ok, eps, features, rows, TILES, TILE_M)
+    at = member * features + cols
+    tl.store(mean_ptr + at, mean, mask=ok)
+    tl.store(var_ptr + at, var, mask=ok)
+    tl.store(scale_ptr + at, scale, mask=ok)
+    tl.store(shift_ptr + at, shift, mask=ok)
 
 
 @triton.jit
 def gemm_stats_kernel(
-    a_ptr, w_ptr, h_ptr, s_ptr, m2_ptr, in_s_ptr, in_m2_ptr, in_gamma_ptr, in_beta_ptr, eps,
+    a_ptr, w_ptr, h_ptr, s_ptr, m2_ptr, in_scale_ptr, in_shift_ptr,
     sa_n, sa_b, sa_k, sw_n, sw_o, sw_k,
-    rows: tl.constexpr, features: tl.constexpr, inputs: tl.constexpr,
-    PROLOGUE: tl.constexpr, IN_TILES: tl.constexpr, IN_TILE_M: tl.constexpr, PRECISION: tl.constexpr,
+    rows: tl.constexpr, features: tl.constexpr, inputs: tl.constexpr, PROLOGUE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     member, tile_m, tile_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -43,9 +59,9 @@ def gemm_stats_kernel(
         k_ok = rk < inputs
         a = tl.load(a_ptr + member * sa_n + rm[:, None] * sa_b + rk[None, :] * sa_k,
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if PROLOGUE:  # the producer's BatchNorm + ReLU on the tile as it arrives
-            scale, shift = scale_shift(in_s_ptr, in_m2_ptr, in_gamma_ptr, in_beta_ptr, member, rk, k_ok, eps,
-                                       inputs, rows, IN_TILES, IN_TILE_M)
+        if PROLOGUE:  # the producer's BatchNorm + ReLU on the tile as it arrives (its finalized affine)
+            scale = tl.load(in_scale_ptr + member * inputs + rk, mask=k_ok, other=0.0)
+            shift = tl.load(in_shift_ptr + member * inputs + rk, mask=k_ok, other=0.0)
             a = tl.maximum(a.to(tl.float32) * scale[None, :] + shift[None, :], 0.0)
             a = tl.where(row_ok[:, None], a, 0.0).to(w_ptr.dtype.element_ty)  # padding rows stay out of the sums
         b = tl.load(w_ptr + member * sw_n + rn[None, :] * sw_o + rk[:, None] * sw_k,
@@ -65,7 +81,7 @@ def gemm_stats_kernel(
 
 @triton.jit
 def bn_relu_apply_kernel(
-    h_ptr, s_ptr, m2_ptr, gamma_ptr, beta_ptr, res_ptr, y_ptr, eps,
+    h_ptr, s_ptr, m2_ptr, gamma_ptr, beta_ptr, res_ptr, y_ptr, mean_ptr, var_ptr, eps,
     rows: tl.constexpr, features: tl.constexpr, TILES: tl.constexpr, TILE_M: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -74,7 +90,10 @@ def bn_relu_apply_kernel(
     rn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = rn < features
     ok = (rm < rows)[:, None] & col_ok[None, :]
-    scale, shift = scale_shift(s_ptr, m2_ptr, gamma_ptr, beta_ptr, member, rn, col_ok, eps, features, rows, TILES, TILE_M)
+    mean, var, scale, shift = scale_shift(s_ptr, m2_ptr, gamma_ptr, beta_ptr, member, rn, col_ok, eps, features, rows, TILES, TILE_M)
+    if tile_m == 0:  # the batch statistics, for the running statistics and the backward
+        tl.store(mean_ptr + member * features + rn, mean, mask=col_ok)
+        tl.store(var_ptr + member * features + rn, var, mask=col_ok)
     at = member * rows * features + rm[:, None] * features + rn[None, :]
     y = tl.maximum(tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32) * scale[None, :] + shift[None, :], 0.0)
     if HAS_RESIDUAL:

@@ -40,23 +40,28 @@ def test_a_block_through_gemm_stats_is_the_composite_block(members, rows, inputs
     w_down = (torch.randn(members, inputs, wide, generator=g) / wide**0.5).to(DEVICE)
     (g_up, b_up), (g_down, b_down) = affine(members, wide, g), affine(members, inputs, g)
 
-    h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up, eps=BN_EPS)
+    h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up)
     assert s_up.shape == m2_up.shape == (members, gemm_stats.row_tiles(rows), wide)
     ref_up = torch.bmm(x, w_up.transpose(1, 2))
     torch.testing.assert_close(h_up, ref_up, rtol=1e-5, atol=1e-5)
     a_up, mean_ref, var_ref = bn_relu(ref_up, g_up, b_up)
-    mean, var = gemm_stats.moments(s_up, m2_up, rows)
+    mean, var, scale, shift = gemm_stats.finalize(s_up, m2_up, g_up, b_up, rows, BN_EPS)
     torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(var, var_ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(scale, g_up * torch.rsqrt(var_ref + BN_EPS), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(shift, b_up - mean_ref * scale, rtol=1e-4, atol=1e-4)
     assert (a_up > 0).any() and (a_up == 0).any()  # the prologue's ReLU cuts something
 
-    h_down, s_down, m2_down = gemm_stats.gemm_stats(h_up, w_down, (s_up, m2_up, g_up, b_up), eps=BN_EPS)
+    h_down, s_down, m2_down = gemm_stats.gemm_stats(h_up, w_down, (scale, shift))
     ref_down = torch.bmm(a_up, w_down.transpose(1, 2))
     torch.testing.assert_close(h_down, ref_down, rtol=1e-4, atol=1e-4)
-    y = gemm_stats.bn_relu_apply(h_down, (s_down, m2_down, g_down, b_down), residual=x, eps=BN_EPS)
-    torch.testing.assert_close(y, bn_relu(ref_down, g_down, b_down)[0] + x, rtol=1e-4, atol=1e-4)
-    no_skip = gemm_stats.bn_relu_apply(h_down, (s_down, m2_down, g_down, b_down), eps=BN_EPS)
-    torch.testing.assert_close(no_skip, bn_relu(ref_down, g_down, b_down)[0], rtol=1e-4, atol=1e-4)
+    y, mean, var = gemm_stats.bn_relu_apply(h_down, s_down, m2_down, g_down, b_down, residual=x, eps=BN_EPS)
+    a_down, mean_ref, var_ref = bn_relu(ref_down, g_down, b_down)
+    torch.testing.assert_close(y, a_down + x, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mean, mean_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(var, var_ref, rtol=1e-4, atol=1e-4)
+    no_skip, _, _ = gemm_stats.bn_relu_apply(h_down, s_down, m2_down, g_down, b_down, eps=BN_EPS)
+    torch.testing.assert_close(no_skip, a_down, rtol=1e-4, atol=1e-4)
 
 
 def test_the_partials_keep_the_variance_of_features_far_from_zero():
@@ -67,8 +72,9 @@ def test_the_partials_keep_the_variance_of_features_far_from_zero():
     x = torch.cat([torch.randn(members, rows, 8, generator=g, dtype=torch.float64), torch.ones(members, rows, 1, dtype=torch.float64)], 2)
     w = torch.cat([torch.randn(members, width, 8, generator=g, dtype=torch.float64), torch.full((members, width, 1), 1000.0, dtype=torch.float64)], 2)
     exact = torch.bmm(x, w.transpose(1, 2))
-    _, s, m2 = gemm_stats.gemm_stats(x.float().to(DEVICE), w.float().to(DEVICE), eps=BN_EPS)
-    _, var = gemm_stats.moments(s, m2, rows)
+    _, s, m2 = gemm_stats.gemm_stats(x.float().to(DEVICE), w.float().to(DEVICE))
+    ones = torch.ones(members, width, device=DEVICE)
+    _, var, _, _ = gemm_stats.finalize(s, m2, ones, ones, rows, BN_EPS)
     torch.testing.assert_close(var.double().cpu(), exact.var(1, correction=0), rtol=2e-3, atol=0)
 
 
@@ -83,11 +89,13 @@ def test_bad_operands_are_refused_with_what_was_given():
     h, s, m2 = gemm_stats.gemm_stats(a, w)
     gamma = torch.ones(2, 12, device=DEVICE)
     with pytest.raises(ValueError, match="partials"):
-        gemm_stats.bn_relu_apply(h, (s[:, :0], m2, gamma, gamma))
+        gemm_stats.bn_relu_apply(h, s[:, :0], m2, gamma, gamma)
     with pytest.raises(ValueError, match="gamma"):
-        gemm_stats.gemm_stats(h, torch.zeros(2, 4, 12, device=DEVICE), (s, m2, gamma[:, :3], gamma))
+        gemm_stats.finalize(s, m2, gamma[:, :3], gamma, 16)
+    with pytest.raises(ValueError, match="scale and shift must be float32"):
+        gemm_stats.gemm_stats(h, torch.zeros(2, 4, 12, device=DEVICE), (gamma[:, :3], gamma))
     with pytest.raises(ValueError, match="residual"):
-        gemm_stats.bn_relu_apply(h, (s, m2, gamma, gamma), residual=h[:, :3])
+        gemm_stats.bn_relu_apply(h, s, m2, gamma, gamma, residual=h[:, :3])
 
 
 def composite_block(x, w_up, w_down, g_up, b_up, g_down, b_down):

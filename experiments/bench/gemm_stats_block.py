@@ -3,11 +3,10 @@ BatchNorm, ReLU, down projection, BatchNorm, ReLU, skip connection) for two crit
 
 - composite: two bmm and Inductor's kernels for the rest (torch.compile of the block as the critic
   writes it: the up projection's ReLU rounded to the GEMM dtype);
-- gemm_stats: flashsac_opt/gemm_stats.py, three launches: the up GEMM with the statistics in its
-  epilogue, the down GEMM with the up layer's BatchNorm + ReLU in its prologue and its own
-  statistics in its epilogue, then the last BatchNorm, ReLU and the skip connection;
-  "+ moments" adds both layers' mean and variance from the partials (compiled), which the running
-  statistics need;
+- gemm_stats: flashsac_opt/gemm_stats.py, four launches: the up GEMM with the statistics in its
+  epilogue, their finalize, the down GEMM with the up layer's BatchNorm + ReLU in its prologue and
+  its own statistics in its epilogue, then the last BatchNorm, ReLU and the skip connection (with
+  both layers' batch statistics, which the running statistics need);
 - member_linear_bn_relu: kernels.py's kernel (every row in one program), two launches;
 - bmm alone: the two GEMMs, the floor of any variant that keeps cuBLAS;
 - "fwd+bwd": the composite and gemm_stats.block (its backward in PyTorch) compiled, forward and
@@ -57,10 +56,10 @@ def composite(x, w_up, w_down, g_up, b_up, g_down, b_down):
 
 
 def with_gemm_stats(x, w_up, w_down, g_up, b_up, g_down, b_down):
-    h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up, eps=BN_EPS)
-    h_down, s_down, m2_down = gemm_stats.gemm_stats(h_up, w_down, (s_up, m2_up, g_up, b_up), eps=BN_EPS)
-    y = gemm_stats.bn_relu_apply(h_down, (s_down, m2_down, g_down, b_down), residual=x, eps=BN_EPS)
-    return y, (s_up, m2_up, s_down, m2_down)
+    h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up)
+    _, _, scale, shift = gemm_stats.finalize(s_up, m2_up, g_up, b_up, x.shape[1], BN_EPS)
+    h_down, s_down, m2_down = gemm_stats.gemm_stats(h_up, w_down, (scale, shift))
+    return gemm_stats.bn_relu_apply(h_down, s_down, m2_down, g_down, b_down, residual=x, eps=BN_EPS)[0]
 
 
 def with_member_linear_bn_relu(x, w_up, w_down, g_up, b_up, g_down, b_down):
@@ -102,20 +101,17 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
     dtype = torch.bfloat16 if timed else torch.float16  # the interpreter misreads bfloat16
     compiled = torch.compile(composite) if timed else composite
     block_compiled = torch.compile(lambda *a: gemm_stats.block(*a, eps=BN_EPS)[0]) if timed else None
-    moments = torch.compile(lambda s_up, m2_up, s_down, m2_down, rows: (
-        gemm_stats.moments(s_up, m2_up, rows), gemm_stats.moments(s_down, m2_down, rows))) if timed else None
     cells = []
     for rows in rows_list:
         args = operands(rows, dtype, device)
         want = composite(args[0].float(), *(a.float() for a in args[1:]))
         variants = {
             "composite (bmm + Inductor)": lambda: compiled(*args),
-            "gemm_stats": lambda: with_gemm_stats(*args)[0],
+            "gemm_stats": lambda: with_gemm_stats(*args),
             "member_linear_bn_relu": lambda: with_member_linear_bn_relu(*args),
             "bmm alone": lambda: torch.bmm(torch.bmm(args[0], args[1].transpose(1, 2)), args[2].transpose(1, 2)),
         }
         if timed:
-            variants["gemm_stats + moments"] = lambda: moments(*with_gemm_stats(*args)[1], rows)
             leaves = [a.detach().requires_grad_() for a in args]
             grad = torch.randn_like(want)
             for name, fn in (("composite fwd+bwd", compiled), ("gemm_stats fwd+bwd", block_compiled)):
@@ -137,7 +133,7 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
 SWEEP = list(itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))  # BLOCK_N, BLOCK_K, warps, stages
 
 
-def sweep(device: str, calls: int, repeat: int, rows: int) -> tuple[list[dict], dict]:
+def sweep(device: str, calls: int, repeat: int, rows: int, tile_ms: list[int]) -> tuple[list[dict], dict]:
     """Each GEMM of the block alone in every configuration, per TILE_M; the best per (TILE_M, layer)."""
     from common import percentile
 
@@ -148,13 +144,13 @@ def sweep(device: str, calls: int, repeat: int, rows: int) -> tuple[list[dict], 
     cells, best = [], {}
     default_tile_m = gemm_stats.TILE_M
     try:
-        for tile_m in (32, 64):
+        for tile_m in tile_ms:
             gemm_stats.TILE_M = tile_m
-            h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up, eps=BN_EPS)
-            bn_in = (s_up, m2_up, g_up, b_up)
+            h_up, s_up, m2_up = gemm_stats.gemm_stats(x, w_up)
+            affine_in = gemm_stats.finalize(s_up, m2_up, g_up, b_up, rows, BN_EPS)[2:]
             want_down = torch.bmm(bn_relu(h_up, g_up, b_up).to(dtype), w_down.transpose(1, 2)).float()
-            layers = {"up": (lambda c: gemm_stats.gemm_stats(x, w_up, eps=BN_EPS, config=c)[0], torch.bmm(x, w_up.transpose(1, 2)).float()),
-                      "down": (lambda c: gemm_stats.gemm_stats(h_up, w_down, bn_in, BN_EPS, config=c)[0], want_down)}
+            layers = {"up": (lambda c: gemm_stats.gemm_stats(x, w_up, config=c)[0], torch.bmm(x, w_up.transpose(1, 2)).float()),
+                      "down": (lambda c: gemm_stats.gemm_stats(h_up, w_down, affine_in, config=c)[0], want_down)}
             for layer, (launch, want) in layers.items():
                 for config in configs:
                     try:
@@ -187,12 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20, help="block forwards captured back to back in one graph")
     parser.add_argument("--repeat", type=int, default=30, help="timed replays (after 3 untimed)")
     parser.add_argument("--sweep", action="store_true", help="the launch configurations of each GEMM instead of the variants")
+    parser.add_argument("--tile-m", type=int, nargs="+", default=None, help="the sweep's TILE_M values (default: gemm_stats.TILE_M)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     kernels.register()
     gemm_stats.register()
     if args.sweep:
-        cells, best = sweep(args.device, args.calls, args.repeat, (args.rows or [256 if args.device == "cuda" else 40])[0])
+        cells, best = sweep(args.device, args.calls, args.repeat, (args.rows or [256 if args.device == "cuda" else 40])[0],
+                            args.tile_m or [gemm_stats.TILE_M])
         result = {"experiment": "gemm_stats_sweep", "environment": run_environment(args.device, ("triton",)),
                   "grid": "BLOCK_N x BLOCK_K x num_warps x num_stages", "cells": cells, "best": best}
         args.output.parent.mkdir(parents=True, exist_ok=True)
