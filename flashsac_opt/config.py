@@ -188,8 +188,10 @@ class EngineOptions:
     fused_linear_bn_relu: bool = False
     # Each critic or actor block in training mode through gemm_stats.block: row-split Triton GEMMs
     # that reduce BatchNorm's statistics in their epilogues, the up layer's BN + ReLU in the down
-    # GEMM's prologue, the last BN, ReLU and skip connection in a third launch; the backward in
-    # PyTorch. Batches up to gemm_stats.MAX_ROWS rows. Issue 45 item 1, a study: off. Needs Triton.
+    # GEMM's prologue, the last BN, ReLU and skip connection in a fourth launch; the backward in
+    # PyTorch. Batches up to gemm_stats.MAX_ROWS rows. Needs Triton. Issue 45 item 1, off: a block
+    # alone is 0.81x of the composite's time, but the learner took 1.056x / 1.060x of graph mode's at
+    # W1 / W2 on one H100 (results/learner_benchmark/gemm_stats_block_2026-12-07).
     gemm_stats_block: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in

@@ -1,7 +1,10 @@
 """Issue 45, item 1: a row-split GEMM that reduces BatchNorm's batch statistics in its epilogue,
-and applies the previous layer's BatchNorm + ReLU in its prologue. A measured study: not wired
-into the networks (experiments/bench/gemm_stats_block.py times a SimbaV2 block's forward with it
-against the composite block).
+and applies the previous layer's BatchNorm + ReLU in its prologue. A measured study, off
+(FlashSACConfig.gemm_stats_block). On one H100 (2026-12-07) a SimbaV2 block's forward + backward
+took 0.81x of the composite's time alone (experiments/bench/gemm_stats_block.py), but the learner
+took 1.056x / 1.060x of graph mode's at W1 / W2 with as many kernels: in the learner Inductor
+already folds a block's statistics and apply into neighbouring kernels, and nothing folds into
+these launches (results/learner_benchmark/gemm_stats_block_2026-12-07).
 
 Why row-split. kernels.member_linear_bn_relu holds every row of a block of features in one
 program, so the statistics are a reduction inside it; but its down projection has 32 programs,
