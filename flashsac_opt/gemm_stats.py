@@ -38,7 +38,7 @@ TILE_M = 32
 # autotuning at start-up; DEFAULT_CONFIG for shapes the table does not name (the actor's).
 CONFIGS: dict[tuple[int, int], tuple[int, int, int, int]] = {(256, 1024): (128, 64, 4, 4), (1024, 256): (32, 128, 4, 3)}
 DEFAULT_CONFIG = (64, 64, 4, 3)
-# The prologue combines every row tile of its input's partials (an unrolled loop): issue 45's
+# finalize and the apply combine every row tile of a layer's partials (an unrolled loop): issue 45's
 # small batches only; larger ones keep the composite path.
 MAX_ROWS = 1024
 
@@ -149,7 +149,7 @@ _registered = False
 
 
 def register():
-    """Register the two custom ops (once; needs Triton): torch.compile traces each as one node, our
+    """Register the three custom ops (once; needs Triton): torch.compile traces each as one node, our
     CUDA graph captures its launch (a registration itself cannot be traced: the learner calls this at
     construction)."""
     global _registered
