@@ -233,3 +233,27 @@ def test_on_cuda_gemm_stats_blocks_train_as_the_composite_ones_under_bf16(mode):
     assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=2e-2)
     drift = (learners[1].critic.params - learners[0].critic.params).abs().max().item()
     assert drift < 2e-2, drift
+
+
+def test_the_bench_and_its_sweep_check_the_outputs_on_the_cpu(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU form of the bench (the GPU runs it through runs.toml)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from bench import gemm_stats_block
+
+    out = tmp_path / "block.json"
+    assert gemm_stats_block.main(["--device", "cpu", "--output", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    checked = {c["variant"]: c["max_abs_error"] for c in cells if "max_abs_error" in c}
+    assert set(checked) == {"composite (bmm + Inductor)", "gemm_stats", "member_linear_bn_relu"}
+    assert all(0 < e < 0.1 for e in checked.values())  # float16 rounding, not zero, not garbage
+    out = tmp_path / "sweep.json"
+    assert gemm_stats_block.main(["--device", "cpu", "--sweep", "--output", str(out)]) == 0
+    sweep = json.loads(out.read_text())["cells"]
+    # the up GEMM's float16 output equals the reference's rounding; the down one's prologue rounds on its own
+    assert {c["layer"] for c in sweep} == {"up", "down"} and all(c["max_abs_error"] < 0.1 for c in sweep)
+    assert any(c["max_abs_error"] > 0 for c in sweep if c["layer"] == "down")

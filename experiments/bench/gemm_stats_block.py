@@ -41,7 +41,11 @@ from flashsac_opt import gemm_stats, kernels
 from flashsac_opt.networks import BN_EPS, EXPANSION
 
 MEMBERS = 2
-HIDDEN = 256
+HIDDEN = 256  # the critic's width; 32 on the CPU, where the interpreter runs every program in Python
+
+
+def hidden(device: str) -> int:
+    return HIDDEN if device == "cuda" else 32
 
 
 def bn_relu(h, gamma, beta):
@@ -70,12 +74,13 @@ def with_member_linear_bn_relu(x, w_up, w_down, g_up, b_up, g_down, b_down):
 
 def operands(rows, dtype, device):
     g = torch.Generator(device=device).manual_seed(rows)
-    wide = HIDDEN * EXPANSION
-    x = torch.randn(MEMBERS, rows, HIDDEN, generator=g, device=device).to(dtype)
-    w_up = (torch.randn(MEMBERS, wide, HIDDEN, generator=g, device=device) / HIDDEN**0.5).to(dtype)
-    w_down = (torch.randn(MEMBERS, HIDDEN, wide, generator=g, device=device) / wide**0.5).to(dtype)
+    width = hidden(device)
+    wide = width * EXPANSION
+    x = torch.randn(MEMBERS, rows, width, generator=g, device=device).to(dtype)
+    w_up = (torch.randn(MEMBERS, wide, width, generator=g, device=device) / width**0.5).to(dtype)
+    w_down = (torch.randn(MEMBERS, width, wide, generator=g, device=device) / wide**0.5).to(dtype)
     g_up, b_up = torch.rand(MEMBERS, wide, generator=g, device=device) + 0.5, torch.randn(MEMBERS, wide, generator=g, device=device) * 0.1
-    g_down, b_down = torch.rand(MEMBERS, HIDDEN, generator=g, device=device) + 0.5, torch.randn(MEMBERS, HIDDEN, generator=g, device=device) * 0.1
+    g_down, b_down = torch.rand(MEMBERS, width, generator=g, device=device) + 0.5, torch.randn(MEMBERS, width, generator=g, device=device) * 0.1
     return x, w_up, w_down, g_up, b_up, g_down, b_down
 
 
@@ -118,7 +123,8 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
                 variants[name] = lambda fn=fn: forward_backward(fn, leaves, grad)
         for name, step in variants.items():
             out = step()
-            cell = {"rows": rows, "members": MEMBERS, "hidden": HIDDEN, "wide": HIDDEN * EXPANSION, "dtype": str(dtype), "variant": name}
+            cell = {"rows": rows, "members": MEMBERS, "hidden": hidden(device), "wide": hidden(device) * EXPANSION, "dtype": str(dtype),
+                    "variant": name}
             if name in ("composite (bmm + Inductor)", "gemm_stats", "member_linear_bn_relu"):
                 cell["max_abs_error"] = (out.float() - want).abs().max().item()
             if timed:
