@@ -190,7 +190,7 @@ class _FlatNetwork(nn.Module):
         return y
 
     def _gemm_stats_block(self, x, w, p, s, b, new_stats):
-        """A training-mode block through gemm_stats.block (three launches), for an ensemble's
+        """A training-mode block through gemm_stats.block (four launches), for an ensemble's
         (members, rows, hidden) or one network's (rows, hidden) rows: the GEMMs on autocast's dtype
         where it is on, the skip connection and the output in float32 as the composite's."""
         one = x.dim() == 2  # the actor: one member
@@ -211,7 +211,7 @@ class _FlatNetwork(nn.Module):
         return y
 
     def _block(self, x, w, p, s, i, training, new_stats):
-        """One SimbaV2 block in training mode through gemm_stats.block (three launches) or the fused
+        """One SimbaV2 block in training mode through gemm_stats.block (four launches) or the fused
         kernel (two: up: GEMM, BN, ReLU; down: GEMM, BN, ReLU, skip connection). None where neither
         is on or applies (the composite path then runs)."""
         b = f"block{i}"
