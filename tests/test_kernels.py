@@ -188,23 +188,10 @@ def test_the_switch_needs_triton(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", ["compile", "graph"])
 def test_on_cuda_the_fused_layer_trains_as_the_composite_one_under_bf16(mode):
-    """The recipe's shapes (B256, critic 256 wide), compiled (the fused update's torch.func path) and
-    captured: 4 iterations of 8 updates, parameters within bf16 drift of the composite path's."""
-    dims = {"obs_dim": 98, "critic_obs_dim": 101, "action_dim": 29}
-    learners = []
-    for fused in (False, True):
-        torch.manual_seed(0)
-        cfg = FlashSACConfig(learner_mode=mode, batch_size=256, updates_per_step=8, fused_linear_bn_relu=fused)
-        learners.append(FlashSACLearner(cfg, **dims, device=torch.device("cuda")))
-    for learner in learners:
-        torch.manual_seed(1)
-        for i in range(4):
-            learner.update(synthetic_batch(256 * 8, 98, 101, 29, torch.Generator().manual_seed(i), device=torch.device("cuda")))
-    (m, m_f) = (learner.read_metrics() for learner in learners)
-    assert all(torch.isfinite(torch.tensor(v)) for v in m_f.values() if isinstance(v, float))
-    assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=2e-2)
-    drift = (learners[1].critic.params - learners[0].critic.params).abs().max().item()
-    assert drift < 2e-2, drift
+    """Compiled (the fused update's torch.func path) and captured, within bf16 drift of the composite."""
+    from switch_drift import assert_trains_as_the_composite_under_bf16
+
+    assert_trains_as_the_composite_under_bf16("fused_linear_bn_relu", mode)
 
 
 def test_the_configuration_sweep_checks_every_configuration_on_the_cpu(tmp_path):
