@@ -37,6 +37,8 @@ from report import plotting  # noqa: E402
 from report.summarize_startup import phases as startup_phases  # noqa: E402
 from report.summarize_trainings import summarize_run  # noqa: E402
 
+from flashsac_opt.unilab import collector_start  # noqa: E402  (light: no torch)
+
 TAG = "Train/mean_reward"
 WINDOW = REWARD_WINDOW  # iterations in the moving mean of TAG
 THRESHOLDS = (20.0, 30.0)
@@ -108,7 +110,7 @@ def collector_eager(report: dict, carrier_name: str) -> bool:
     """Whether the run's collector ran UniLab's compiled reset eagerly: FLASHSAC_OPT_COLLECTOR_EAGER=1,
     or "auto" (recorded for unset since 2026-12-07; unset before meant off) on the CPU carrier."""
     value = (report.get("environment", {}).get("flashsac_opt_switches") or {}).get("FLASHSAC_OPT_COLLECTOR_EAGER")
-    return value == "1" or (value == "auto" and carrier_name == "cpu")
+    return collector_start.eager_for(value or "0", carrier_name)
 
 
 def gpu_sharing(report: dict, path: Path) -> str:

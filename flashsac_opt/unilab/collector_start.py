@@ -189,6 +189,13 @@ def collector_eager_wanted(tensor_device: object = None) -> bool:
     value = os.environ.get(EAGER_ENV, "auto")
     if value not in ("0", "1", "auto"):
         raise ValueError(f"{EAGER_ENV} must be 0, 1 or auto, got {value!r}")
+    return eager_for(value, tensor_device)
+
+
+def eager_for(value: str, tensor_device: object) -> bool:
+    """The switch's rule, for a checked value: "1" on, "0" off, "auto" on where the collector's tensors
+    live on the CPU (a device "cpu", "cuda:0", ..., or None when unknown). time_to_reward.py reads the
+    value a training report recorded through it."""
     if value == "auto":
         return tensor_device is not None and str(tensor_device).split(":")[0] == "cpu"
     return value == "1"
