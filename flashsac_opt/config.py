@@ -193,6 +193,12 @@ class EngineOptions:
     # alone is 0.81x of the composite's time, but the learner took 1.056x / 1.060x of graph mode's at
     # W1 / W2 on one H100 (results/learner_benchmark/gemm_stats_block_2026-12-07).
     gemm_stats_block: bool = False
+    # Each network's post-backward step (Adam, the unit renormalization, the guarded commit and the
+    # critic's Polyak update) as one Triton launch over its flat buffers (fused_step.py, a
+    # torch.library.custom_op), after the finite check's reduction. Renormalization norms summed in a
+    # different order: values agree with the composite to float32 rounding. Needs Triton. Issue 45
+    # item 3, off until measured.
+    fused_gated_step: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
@@ -238,7 +244,7 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
         for name in COMPILED_MODE_NETWORK_OPTIONS:  # a string from a command line ("false") would read as on
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be true, false or null (on in the compiled modes), got {getattr(self, name)!r}")
-        for name in ("fused_linear_bn_relu", "gemm_stats_block"):
+        for name in ("fused_linear_bn_relu", "gemm_stats_block", "fused_gated_step"):
             if getattr(self, name) not in (True, False):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.fused_linear_bn_relu and self.gemm_stats_block:

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flashsac_opt import explore_graph, gemm_stats, kernels
+from flashsac_opt import explore_graph, fused_step, gemm_stats, kernels
 from flashsac_opt.config import FlashSACConfig
-from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
+from flashsac_opt.networks import RENORM_EPS, FlashSACActor, FlashSACCritic, FlashSACTemperature
 from flashsac_opt.batch import check_batch
 from flashsac_opt.checkpoint import learner_state_dict, load_learner_state
 from flashsac_opt.devices import resolve_device
@@ -74,7 +74,7 @@ class FlashSACLearner:
             net.cast_gemm_weights_once = cfg.cast_gemm_weights_once
             net.fused_linear_bn_relu, net.gemm_stats_block = cfg.fused_linear_bn_relu, cfg.gemm_stats_block
         critic_options = cfg.critic_network_options()
-        for triton_switch, module in ((cfg.fused_linear_bn_relu, kernels), (cfg.gemm_stats_block, gemm_stats)):
+        for triton_switch, module in ((cfg.fused_linear_bn_relu, kernels), (cfg.gemm_stats_block, gemm_stats), (cfg.fused_gated_step, fused_step)):
             if triton_switch:  # registers the custom ops before anything is traced; a clear error without Triton
                 module.require()
         for net in (self.critic, self.target_critic):
@@ -90,8 +90,14 @@ class FlashSACLearner:
         self.critic_adam = FlatAdam(self.critic.layout.numel, self.device)
         self.temperature_adam = FlatAdam(1, self.device)
         lr = self.schedule.on_device
-        self.critic_step = GatedStep(self.critic.params, self.critic.bn_stats, self.critic_adam, self.critic.renormalized, lr)
-        self.actor_step = GatedStep(self.actor.params, self.actor.bn_stats, self.actor_adam, self.actor.renormalized, lr)
+        critic_units, actor_units = (
+            (fused_step.renorm_units(net.layout, net.renorm_groups).to(self.device) for net in (self.critic, self.actor))
+            if cfg.fused_gated_step else (None, None)
+        )
+        self.critic_step = GatedStep(self.critic.params, self.critic.bn_stats, self.critic_adam, self.critic.renormalized, lr,
+                                     critic_units, RENORM_EPS)
+        self.actor_step = GatedStep(self.actor.params, self.actor.bn_stats, self.actor_adam, self.actor.renormalized, lr,
+                                    actor_units, RENORM_EPS)
         self.temperature_step = GatedStep(self.temperature.log_temp, None, self.temperature_adam, None, lr)
 
         self.reward_normalizer = (

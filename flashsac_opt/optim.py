@@ -1,7 +1,8 @@
 """Adam over one flat parameter buffer, with the finite guard and renormalization fused in.
 
 One ``GatedStep`` is the whole post-backward work for a network: the finite check, Adam,
-the unit renormalization, and the commit of the new BatchNorm statistics. It is written
+the unit renormalization, the commit of the new BatchNorm statistics and, for the critic, the
+Polyak update of its target. It is written
 as plain tensor math on whole buffers (no per-tensor loops, no ``.item()``), so eager runs
 it in ~20 kernels and Inductor fuses it into a few; a skipped step writes back the old
 values, decided on the device.
@@ -66,7 +67,11 @@ class FlatAdam:
 
 
 class GatedStep:
-    """Finite-guarded Adam + renormalization + BN-statistics commit for one network."""
+    """Finite-guarded Adam + renormalization + BN-statistics commit (+ Polyak) for one network.
+
+    ``fused_units``: the network's renormalization units (fused_step.renorm_units); given, the
+    proposal, renormalization, commit and Polyak run as fused_step's one Triton launch
+    (FlashSACConfig.fused_gated_step), the finite check and the scalars as before."""
 
     def __init__(
         self,
@@ -75,9 +80,12 @@ class GatedStep:
         adam: FlatAdam,
         renormalize: Callable[[torch.Tensor], torch.Tensor] | None,
         lr_fn: Callable[[torch.Tensor], torch.Tensor],
+        fused_units: torch.Tensor | None = None,
+        renorm_eps: float = 0.0,
     ):
         self.param, self.bn_stats, self.adam = param, bn_stats, adam
         self.renormalize, self.lr_fn = renormalize, lr_fn
+        self.fused_units, self.renorm_eps = fused_units, renorm_eps
         self.refresh()
 
     @torch.no_grad()
@@ -88,17 +96,34 @@ class GatedStep:
 
     @torch.no_grad()
     def __call__(
-        self, grad: torch.Tensor, loss: torch.Tensor, new_stats: torch.Tensor | None = None
+        self,
+        grad: torch.Tensor,
+        loss: torch.Tensor,
+        new_stats: torch.Tensor | None = None,
+        polyak: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
-        """Apply one step if loss and gradient are finite; return the 0-dim ``ok`` flag (bool)."""
+        """Apply one step if loss and gradient are finite; return the 0-dim ``ok`` flag (bool).
+        ``polyak = (target, tau)``: then ``target`` moves toward the new parameters by ``tau`` (not
+        at all when the step is skipped)."""
         ok = torch.isfinite(loss).all() & torch.isfinite(grad).all()
         adam = self.adam
-        new_param, exp_avg, exp_avg_sq = adam.proposal(self.param, grad)
-        if self.renormalize is not None:
-            new_param = self.renormalize(new_param)
-        self.param.copy_(torch.where(ok, new_param, self.param))
-        adam.exp_avg.copy_(torch.where(ok, exp_avg, adam.exp_avg))
-        adam.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, adam.exp_avg_sq))
+        if self.fused_units is not None:
+            ok_f = ok.to(torch.float32)
+            # the Polyak weight as a tensor: Dynamo may trace tau as a symbolic float, which an op's float argument refuses
+            target, weight = (polyak[0], polyak[1] * ok_f) if polyak is not None else (None, None)
+            torch.ops.flashsac_opt.gated_adam_step(
+                self.param, grad, adam.exp_avg, adam.exp_avg_sq, adam.coefficients, ok_f, self.fused_units,
+                target, weight, adam.beta1, adam.beta2, adam.eps, self.renorm_eps,
+            )
+        else:
+            new_param, exp_avg, exp_avg_sq = adam.proposal(self.param, grad)
+            if self.renormalize is not None:
+                new_param = self.renormalize(new_param)
+            self.param.copy_(torch.where(ok, new_param, self.param))
+            adam.exp_avg.copy_(torch.where(ok, exp_avg, adam.exp_avg))
+            adam.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, adam.exp_avg_sq))
+            if polyak is not None:
+                polyak[0].lerp_(self.param, polyak[1] * ok)
         adam.step.add_(ok.to(adam.step.dtype))
         adam.schedule_step.add_(1)
         self.refresh()

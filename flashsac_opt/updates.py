@@ -141,12 +141,10 @@ class UpdateFunctions:
     def _critic_apply(self, grad, loss, critic_stats, target_stats, polyak: bool) -> torch.Tensor:
         """Guarded critic step, target BN stats, Polyak; returns [loss, reward std, applied]."""
         with torch.no_grad():
-            ok = self.critic_step(grad, loss, critic_stats)
+            # A skipped critic step also skips the target update that would follow it.
+            ok = self.critic_step(grad, loss, critic_stats, polyak=(self.target_critic.params, self.tau) if polyak else None)
             tgt = self.target_critic.bn_stats
             tgt.copy_(torch.where(ok, target_stats, tgt))
-            if polyak:
-                # A skipped critic step also skips the target update that would follow it.
-                self.target_critic.params.lerp_(self.critic.params, self.tau * ok)
             if self.reward_normalizer is not None:
                 reward_std = torch.sqrt(self.reward_normalizer.var)[0]
             else:

@@ -116,6 +116,9 @@ GRAPH_STUDIES = {
     # issue 45 item 1: each block's GEMMs with BatchNorm statistics epilogues and the apply in the
     # next GEMM's prologue (gemm_stats.block; up to gemm_stats.MAX_ROWS rows: W1 / W2)
     "ours_graph_gemm_stats_block": {"gemm_stats_block": True},
+    # issue 45 item 3: each network's post-backward step (Adam, renormalization, guarded commit,
+    # Polyak) as one Triton launch (fused_step.py; any batch)
+    "ours_graph_fused_gated_step": {"fused_gated_step": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
