@@ -44,6 +44,12 @@ if TYPE_CHECKING:
 __all__ = ["COL", "FlashSACLearner"]
 
 
+def _gated_step(net, adam: FlatAdam, lr, fused: bool) -> GatedStep:
+    """A network's post-backward step; ``fused``: as fused_step's one Triton launch over its units."""
+    units = fused_step.renorm_units(net.layout, net.renorm_groups).to(adam.exp_avg.device) if fused else None
+    return GatedStep(net.params, net.bn_stats, adam, net.renormalized, lr, units, RENORM_EPS)
+
+
 class FlashSACLearner:
     def __init__(
         self,
@@ -90,14 +96,8 @@ class FlashSACLearner:
         self.critic_adam = FlatAdam(self.critic.layout.numel, self.device)
         self.temperature_adam = FlatAdam(1, self.device)
         lr = self.schedule.on_device
-        critic_units, actor_units = (
-            (fused_step.renorm_units(net.layout, net.renorm_groups).to(self.device) for net in (self.critic, self.actor))
-            if cfg.fused_gated_step else (None, None)
-        )
-        self.critic_step = GatedStep(self.critic.params, self.critic.bn_stats, self.critic_adam, self.critic.renormalized, lr,
-                                     critic_units, RENORM_EPS)
-        self.actor_step = GatedStep(self.actor.params, self.actor.bn_stats, self.actor_adam, self.actor.renormalized, lr,
-                                    actor_units, RENORM_EPS)
+        self.critic_step = _gated_step(self.critic, self.critic_adam, lr, cfg.fused_gated_step)
+        self.actor_step = _gated_step(self.actor, self.actor_adam, lr, cfg.fused_gated_step)
         self.temperature_step = GatedStep(self.temperature.log_temp, None, self.temperature_adam, None, lr)
 
         self.reward_normalizer = (
