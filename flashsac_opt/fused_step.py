@@ -33,12 +33,11 @@ KIND = {"none": 0, "rows": 1, "affine": 2, "scale": 2}
 _registered = False
 
 
-def require() -> None:
-    """Register the op for a learner that asked for it; a clear error without Triton."""
+def require(device: torch.device) -> None:
+    """Register the op for a learner that asked for it; a clear error where it cannot run."""
     from flashsac_opt import kernels
 
-    if not kernels.available():
-        raise ValueError("fused_gated_step=true needs Triton (the fused step is a Triton kernel); install triton or leave it off")
+    kernels.check_runnable("fused_gated_step", device)
     register()
 
 

@@ -47,12 +47,11 @@ def supports(rows: int) -> bool:
     return 2 <= rows <= MAX_ROWS
 
 
-def require() -> None:
-    """Register the ops for a learner that asked for them; a clear error without Triton."""
+def require(device: torch.device) -> None:
+    """Register the ops for a learner that asked for them; a clear error where they cannot run."""
     from flashsac_opt import kernels
 
-    if not kernels.available():
-        raise ValueError("gemm_stats_block=true needs Triton (its GEMMs are Triton kernels); install triton or leave it off")
+    kernels.check_runnable("gemm_stats_block", device)
     register()
 
 

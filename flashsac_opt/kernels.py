@@ -27,6 +27,7 @@ output rounded to autocast's dtype), so the two agree to that rounding, not bit 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -50,10 +51,20 @@ def available() -> bool:
     return True
 
 
-def require() -> None:
-    """Register the op for a learner that asked for the fused kernel; a clear error without Triton."""
+def check_runnable(switch: str, device: torch.device) -> None:
+    """A clear error where a Triton switch's kernels cannot run: without Triton, or on a CPU device
+    outside Triton's interpreter (TRITON_INTERPRET=1, the tests' way), where the first launch would
+    fail deep inside Triton ("0 active drivers")."""
     if not available():
-        raise ValueError("fused_linear_bn_relu=true needs Triton (the fused kernel is a Triton kernel); install triton or leave it off")
+        raise ValueError(f"{switch}=true needs Triton (its kernels are Triton kernels); install triton or leave it off")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{switch}=true needs a CUDA device (its Triton kernels run on the CPU only in Triton's interpreter, "
+                         f"TRITON_INTERPRET=1); got {device}")
+
+
+def require(device: torch.device) -> None:
+    """Register the op for a learner that asked for the fused kernel; a clear error where it cannot run."""
+    check_runnable("fused_linear_bn_relu", device)
     register()
 
 

@@ -82,7 +82,7 @@ class FlashSACLearner:
         critic_options = cfg.critic_network_options()
         for triton_switch, module in ((cfg.fused_linear_bn_relu, kernels), (cfg.gemm_stats_block, gemm_stats), (cfg.fused_gated_step, fused_step)):
             if triton_switch:  # registers the custom ops before anything is traced; a clear error without Triton
-                module.require()
+                module.require(self.device)
         for net in (self.critic, self.target_critic):
             net.input_bn_chunk_rows = cfg.input_bn_chunk_rows
             for name, value in critic_options.items():

@@ -142,6 +142,10 @@ def test_the_switch_needs_triton(monkeypatch):
 
     with pytest.raises(ValueError, match="fused_gated_step must be true or false"):
         FlashSACConfig(fused_gated_step="yes")
+    # a CPU learner outside Triton's interpreter: refused at construction, not at the first launch
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="fused_gated_step=true needs a CUDA device .* got cpu"):
+        FlashSACLearner(FlashSACConfig(fused_gated_step=True, learner_mode="eager"), **SMALL, device=torch.device("cpu"))
     monkeypatch.setattr(kernels, "available", lambda: False)
     with pytest.raises(ValueError, match="fused_gated_step=true needs Triton"):
         FlashSACLearner(FlashSACConfig(fused_gated_step=True, learner_mode="eager"), **SMALL, device=torch.device("cpu"))
