@@ -47,6 +47,7 @@ def gemm_ceiling(monkeypatch):
     ("triton_poi_fused__to_copy_add_mul_permute_relu_rsqrt_slice_squeeze_sub_threshold_backward_unsqueeze_view_11", "BN apply"),
     ("triton_poi_fused__to_copy_abs_add_addcmul_all_bitwise_and_clamp_copy__cos_div_eq_lerp_mul_ne_pow_rsub_sqrt_sub", "optimizer"),
     ("Optimizer.step#Adam.step", "optimizer"),
+    ("gated_adam_kernel", "optimizer"),  # fused_step's Triton kernel, named by its function
     ("triton_poi_fused_clamp_min_div_expand_linalg_vector_norm_slice_view_5", "renormalization"),
     ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::WelfordOps<c10::BFloat16, float", "BN statistics"),
     ("triton_poi_fused_relu_threshold_backward_3", "activations"),

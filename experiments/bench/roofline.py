@@ -39,7 +39,8 @@ H200_PEAKS = {"bf16_dense_tflops": 989.0, "hbm_tb_per_s": 4.8}  # NVIDIA H200 SX
 CLASSES = ("GEMM", "BN statistics", "BN apply", "activations", "renormalization", "optimizer", "other")
 _RULES = (  # (class, pattern over the kernel name): the first match wins
     # a sqrt that is not rsqrt: a BN statistics kernel carries lerp (its running mean) and rsqrt
-    ("optimizer", r"^Optimizer\.step|lerp.*(addcmul|(?<!r)sqrt)|addcmul.*lerp|_fused_adam|multi_tensor_apply"),
+    # gated_adam: fused_step's Triton kernel (Adam, renormalization, commit, Polyak)
+    ("optimizer", r"^Optimizer\.step|lerp.*(addcmul|(?<!r)sqrt)|addcmul.*lerp|_fused_adam|multi_tensor_apply|^gated_adam"),
     ("renormalization", r"linalg_vector_norm|renorm"),
     ("GEMM", r"^(nvjet|sm\d+_xmma|cutlass|ampere_|volta_|turing_)|gemm|splitKreduce|\bbmm_|_bmm\b"),
     ("BN statistics", r"^triton_(red|per)_.*(var|mean|rsqrt)|WelfordOps|batch_norm_collect|batch_norm_backward_reduce"),
