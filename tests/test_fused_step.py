@@ -151,6 +151,25 @@ def test_the_switch_needs_triton(monkeypatch):
         FlashSACLearner(FlashSACConfig(fused_gated_step=True, learner_mode="eager"), **SMALL, device=torch.device("cpu"))
 
 
+def test_the_bench_checks_the_two_forms_agree_on_the_cpu(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU form of the bench (the GPU runs it through runs.toml)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from bench import gated_step
+
+    out = tmp_path / "gated_step.json"
+    assert gated_step.main(["--device", "cpu", "--output", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert {(c["network"], c["variant"]) for c in cells} == {
+        (n, v) for n in ("critic", "actor") for v in ("composite", "fused_step", "copy of its bytes")}
+    differences = [c["max_abs_difference_from_composite"] for c in cells if c["variant"] == "fused_step"]
+    assert all(0 <= d < 1e-5 for d in differences) and any(d > 0 for d in differences)  # float32 rounding, not a copy
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", ["compile", "graph"])
