@@ -151,6 +151,41 @@ def test_the_switch_needs_triton(monkeypatch):
         FlashSACLearner(FlashSACConfig(fused_gated_step=True, learner_mode="eager"), **SMALL, device=torch.device("cpu"))
 
 
+COMPILE_FOR_SM90 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashsac_opt import fused_step, fused_step_triton
+
+signature = {name: "*fp32" for name in ("param_ptr", "grad_ptr", "m_ptr", "v_ptr", "target_ptr", "coefficients_ptr", "ok_ptr")}
+signature.update(units_ptr="*i32", weight_ptr="*fp32", beta1="fp32", beta2="fp32", eps="fp32", renorm_eps="fp32",
+                 HAS_TARGET="constexpr", CHUNK="constexpr")
+for has_target in (True, False):
+    source = ASTSource(fn=fused_step_triton.gated_adam_kernel, signature=signature,
+                       constexprs={"HAS_TARGET": has_target, "CHUNK": fused_step.CHUNK})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": fused_step.NUM_WARPS})
+    print(has_target, len(compiled.asm["cubin"]), compiled.asm["ptx"].count("st.global"))
+"""
+
+
+def test_the_kernel_compiles_for_the_gpus_architecture_without_a_gpu():
+    """Triton's interpreter (the tests above) accepts what the compiler may refuse: the kernel through
+    Triton's compiler and ptxas for sm_90 (H100, H200), in a process outside the interpreter."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert [line[0] for line in lines] == ["True", "False"]
+    # a cubin each; the Polyak form stores a fourth array (the target)
+    stores = {line[0]: int(line[2]) for line in lines}
+    assert all(int(line[1]) > 0 for line in lines) and stores["True"] > stores["False"] > 0
+
+
 def test_the_bench_checks_the_two_forms_agree_on_the_cpu(tmp_path):
     import json
     import sys
