@@ -2,8 +2,10 @@
 
 optim.GatedStep is the whole work after a network's backward: the finite guard, Adam, the unit
 renormalization, the commit, and for the critic the Polyak update of its target. Inductor fuses it
-into a few kernels per network, each a pass over the flat buffers: the Adam proposal, a reduction
-of the renormalized rows' norms, their rescale with the guarded commit, the Polyak lerp. Here one
+into several kernels per network, each a pass over the flat buffers: the renormalization's norms
+are reductions over the Adam proposal that must end before any row is rescaled, and its kernels
+for a flat buffer are not shaped by the units' boundaries (how many launches and passes it makes
+on the GPU is what experiments/bench/gated_step.py counts). Here one
 program per *renormalization unit* (a unit linear's row; a BatchNorm weight row with its bias row;
 an RMSNorm scale; a span of unnormalized parameters) computes its Adam proposal, reduces the unit's
 squared norm, recomputes the proposal from the now cached inputs, rescales it and, if the step is
