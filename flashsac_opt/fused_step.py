@@ -56,15 +56,13 @@ def renorm_units(layout: FlatLayout, groups: list[tuple[str, str, str, int]]) ->
         slot = layout.slots[first]
         start, end = slot.offset, layout.slots[last].offset + layout.slots[last].numel
         width = slot.shape[-1]
-        if kind == "rows":
+        if kind in ("rows", "scale"):  # each row of D alone
             units += [(at, 0, width, KIND[kind]) for at in range(start, end, width)]
         elif kind == "affine":  # pair i: weight = tensor 2i, bias = tensor 2i + 1, each of slot.numel
             numel = slot.numel
             for pair in range(count // 2):
                 base = start + 2 * pair * numel
                 units += [(base + row * width, numel, width, KIND[kind]) for row in range(numel // width)]
-        elif kind == "scale":
-            units += [(at, 0, width, KIND[kind]) for at in range(start, end, width)]
         else:
             raise ValueError(f"unknown renormalization class {kind!r}")
         covered.append((start, end))

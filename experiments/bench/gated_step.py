@@ -62,16 +62,6 @@ def step_of(net, fused: bool, polyak: bool, device: str):
     return step, params
 
 
-def kernels_per_call(step) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
 def measure(device: str, calls: int, repeat: int) -> list[dict]:
     from common import percentile
 
@@ -95,7 +85,7 @@ def measure(device: str, calls: int, repeat: int) -> list[dict]:
             if form == "fused_step":
                 cell["max_abs_difference_from_composite"] = difference
             if timed:
-                from bench.roofline import captured_replay_us
+                from bench.roofline import captured_replay_us, kernels_per_call
 
                 us = captured_replay_us(step, calls=calls, repeat=repeat)
                 cell.update(us_median=percentile(us, 0.5), us_p90=percentile(us, 0.9), kernels=kernels_per_call(step),

@@ -89,16 +89,6 @@ def forward_backward(fn, leaves, grad):
     return torch.autograd.grad(y, leaves, grad.to(y.dtype))
 
 
-def kernels_per_call(step) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
 def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[dict]:
     from common import percentile
 
@@ -128,7 +118,7 @@ def measure(device: str, calls: int, repeat: int, rows_list: list[int]) -> list[
             if name in ("composite (bmm + Inductor)", "gemm_stats", "member_linear_bn_relu"):
                 cell["max_abs_error"] = (out.float() - want).abs().max().item()
             if timed:
-                from bench.roofline import captured_replay_us
+                from bench.roofline import captured_replay_us, kernels_per_call
 
                 us = captured_replay_us(step, calls=calls, repeat=repeat)
                 cell.update(us_median=percentile(us, 0.5), us_p90=percentile(us, 0.9), kernels=kernels_per_call(step))

@@ -198,6 +198,18 @@ def captured_replay_us(step, calls: int = 1, repeat: int = 20) -> list[float]:
     return [ms * 1e3 / calls for ms in cuda_event_ms(graph.replay, warmup=3, repeat=repeat)]
 
 
+def kernels_per_call(step) -> int:
+    """CUDA kernels one call of ``step`` launches (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def graph_kernel_us(device: str = "cuda", kernels: int = 1000) -> float:
     """Microseconds a dependent kernel takes in a CUDA graph when it does (almost) nothing: a
     captured chain of ``kernels`` in-place adds on one float, replayed, median of 20. The third
