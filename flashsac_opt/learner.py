@@ -26,7 +26,7 @@ import torch
 
 from flashsac_opt import explore_graph, fused_step, gemm_stats, kernels
 from flashsac_opt.config import FlashSACConfig
-from flashsac_opt.networks import RENORM_EPS, FlashSACActor, FlashSACCritic, FlashSACTemperature
+from flashsac_opt.networks import FlashSACActor, FlashSACCritic, FlashSACTemperature
 from flashsac_opt.batch import check_batch
 from flashsac_opt.checkpoint import learner_state_dict, load_learner_state
 from flashsac_opt.devices import resolve_device
@@ -47,7 +47,7 @@ __all__ = ["COL", "FlashSACLearner"]
 def _gated_step(net, adam: FlatAdam, lr, fused: bool) -> GatedStep:
     """A network's post-backward step; ``fused``: as fused_step's one Triton launch over its units."""
     units = fused_step.renorm_units(net.layout, net.renorm_groups).to(adam.exp_avg.device) if fused else None
-    return GatedStep(net.params, net.bn_stats, adam, net.renormalized, lr, units, RENORM_EPS)
+    return GatedStep(net.params, net.bn_stats, adam, net.renormalized, lr, units)
 
 
 class FlashSACLearner:

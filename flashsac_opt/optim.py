@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from flashsac_opt.networks import RENORM_EPS
+
 
 class FlatAdam:
     """Adam state for one flat parameter tensor (betas 0.9/0.999, eps 1e-8, no decay).
@@ -81,11 +83,10 @@ class GatedStep:
         renormalize: Callable[[torch.Tensor], torch.Tensor] | None,
         lr_fn: Callable[[torch.Tensor], torch.Tensor],
         fused_units: torch.Tensor | None = None,
-        renorm_eps: float = 0.0,
     ):
         self.param, self.bn_stats, self.adam = param, bn_stats, adam
         self.renormalize, self.lr_fn = renormalize, lr_fn
-        self.fused_units, self.renorm_eps = fused_units, renorm_eps
+        self.fused_units = fused_units
         self.refresh()
 
     @torch.no_grad()
@@ -113,7 +114,7 @@ class GatedStep:
             target, weight = (polyak[0], polyak[1] * ok_f) if polyak is not None else (None, None)
             torch.ops.flashsac_opt.gated_adam_step(
                 self.param, grad, adam.exp_avg, adam.exp_avg_sq, adam.coefficients, ok_f, self.fused_units,
-                target, weight, adam.beta1, adam.beta2, adam.eps, self.renorm_eps,
+                target, weight, adam.beta1, adam.beta2, adam.eps, RENORM_EPS,
             )
         else:
             new_param, exp_avg, exp_avg_sq = adam.proposal(self.param, grad)

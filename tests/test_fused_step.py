@@ -50,7 +50,7 @@ def steppers(net, fused: bool):
     adam = FlatAdam(net.layout.numel, torch.device(DEVICE))
     units = fused_step.renorm_units(net.layout, net.renorm_groups).to(DEVICE) if fused else None
     params = net.params.detach().clone().to(DEVICE)
-    step = GatedStep(params, None, adam, net.renormalized, lambda s: torch.full_like(s, 3e-3), units, RENORM_EPS)
+    step = GatedStep(params, None, adam, net.renormalized, lambda s: torch.full_like(s, 3e-3), units)
     return step, params
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: co
 import torch
 
 from flashsac_opt import fused_step
-from flashsac_opt.networks import RENORM_EPS, FlashSACActor, FlashSACCritic
+from flashsac_opt.networks import FlashSACActor, FlashSACCritic
 from flashsac_opt.optim import FlatAdam, GatedStep
 
 TAU = 0.005
@@ -49,7 +49,7 @@ def step_of(net, fused: bool, polyak: bool, device: str):
     target = params.clone() if polyak else None
     adam = FlatAdam(params.numel(), torch.device(device))
     units = fused_step.renorm_units(net.layout, net.renorm_groups).to(device) if fused else None
-    gated = GatedStep(params, None, adam, net.renormalized, lambda s: torch.full_like(s, 3e-4), units, RENORM_EPS)
+    gated = GatedStep(params, None, adam, net.renormalized, lambda s: torch.full_like(s, 3e-4), units)
     grad = torch.randn(params.numel(), generator=torch.Generator().manual_seed(0)).to(device) * 1e-2
     loss = torch.ones((), device=device)
 
