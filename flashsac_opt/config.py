@@ -199,6 +199,12 @@ class EngineOptions:
     # different order: values agree with the composite to float32 rounding. Needs Triton. Issue 45
     # item 3, off until measured.
     fused_gated_step: bool = False
+    # Every GEMM of the compiled modes as Inductor's own Triton template at one fixed configuration
+    # per size (gemm_templates.py): Inductor then fuses the casts, BN apply and ReLU before a GEMM
+    # and the pointwise work after it into the GEMM's kernel, without the autotuning that made its
+    # templates cost ~10x graph mode's cold compile (ours_graph_triton_gemm, 2026-12-03). CUDA only.
+    # Issue 45, off until measured (study ours_graph_triton_gemm_table).
+    triton_gemm_table: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target
     # parameters are broadcast to every rank in one bucket (inside the captured iteration in
     # graph mode). Averaged gradients keep the ranks' Adam moments and BN statistics
@@ -244,7 +250,7 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
         for name in COMPILED_MODE_NETWORK_OPTIONS:  # a string from a command line ("false") would read as on
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be true, false or null (on in the compiled modes), got {getattr(self, name)!r}")
-        for name in ("fused_linear_bn_relu", "gemm_stats_block", "fused_gated_step"):
+        for name in ("fused_linear_bn_relu", "gemm_stats_block", "fused_gated_step", "triton_gemm_table"):
             if getattr(self, name) not in (True, False):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.fused_linear_bn_relu and self.gemm_stats_block:
@@ -277,6 +283,7 @@ class FlashSACConfig(EngineOptions, UniLabHyperparameters):
             "activation_memory_budget": self.activation_memory_budget,
             "compile_cache_file": self.compile_cache_file,
             "precompiled_steps": self.precompiled_steps,
+            "triton_gemm_table": self.triton_gemm_table,
         }
 
     @property

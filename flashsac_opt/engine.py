@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
-from flashsac_opt import compile_cache, pdl, precompiled, toolchain
+from flashsac_opt import compile_cache, gemm_templates, pdl, precompiled, toolchain
 
 MODES = ("eager", "compile", "graph")
 FUSED_UPDATE_MAX_BATCH = 1024
@@ -118,9 +118,9 @@ Iteration = Callable[[dict, Schedule, Mapping[str, Callable[..., torch.Tensor]]]
 
 
 def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] | None = None,
-                     rows: int | None = None) -> dict[str, Any]:
+                     rows: int | None = None, triton_gemm_table: bool = False) -> dict[str, Any]:
     """Inductor options of the compiled modes for ``rows`` per update (None: not known yet):
-    flashsac_opt's defaults, then ``extra``."""
+    flashsac_opt's defaults, ``triton_gemm_table``'s (gemm_templates.py), then ``extra``."""
     cuda = device.type == "cuda"
     options = {
         # Inductor's CUDA graphs in compile mode only: graph mode captures the whole
@@ -144,6 +144,8 @@ def inductor_options(mode: str, device: torch.device, extra: Mapping[str, Any] |
         # opts in at any batch.
         "triton.enable_pdl": mode == "graph" and rows is not None and rows <= PDL_MAX_BATCH and pdl.supported(device),
     }
+    if triton_gemm_table:
+        options.update(gemm_templates.inductor_options())
     options.update(extra or {})
     if options["triton.enable_pdl"]:
         own = (extra or {}).get("post_grad_custom_pre_pass")
@@ -182,13 +184,14 @@ def compile_objective(fn: Callable, backend: str, options: Mapping[str, Any] | N
     compiles at the first call and looks its caches up at each new compile, with the config of
     that moment, so a process-wide setting would reach other code's compiles too."""
     compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
-    if not functorch_config:
+    choices = (options or {}).get("inductor_choices_class") is not None
+    if not functorch_config and not choices:
         return compiled
-    settings = dict(functorch_config)
+    settings = dict(functorch_config or {})
 
     @functools.wraps(fn)
     def with_settings(*args, **kwargs):
-        with torch._functorch.config.patch(**settings):
+        with torch._functorch.config.patch(**settings), gemm_templates.choices_context(options):
             return compiled(*args, **kwargs)
 
     return with_settings
@@ -214,6 +217,7 @@ class Engine:
         compile_cache_file: str | None = None,
         compile_cache_key: Mapping[str, Any] | None = None,
         precompiled_steps: bool = False,
+        triton_gemm_table: bool = False,
     ):
         """``state``: every tensor an iteration changes in place (parameters included).
         ``cache_custom_autograd_functions``: the updates call a custom autograd.Function (traced
@@ -225,7 +229,9 @@ class Engine:
         directory (compile_cache.py), resolved at the first batch from ``compile_cache_key``
         (the caller's ``dims`` and ``config`` mappings) and what the engine adds.
         ``precompiled_steps``: the fused steps are saved whole and loaded by later processes
-        (precompiled.py), with Inductor and without its CUDA graphs (graph mode, or the CPU)."""
+        (precompiled.py), with Inductor and without its CUDA graphs (graph mode, or the CPU).
+        ``triton_gemm_table``: every GEMM on Inductor's Triton template at one fixed configuration
+        (gemm_templates.py; compiled modes on CUDA)."""
         self.mode = check_mode(mode)
         self.device = device
         if self.mode == "graph" and device.type != "cuda":
@@ -236,6 +242,9 @@ class Engine:
         self.state = list(state)
         self._backend = backend
         self._extra_options = dict(inductor_options or {})
+        self._triton_gemm_table = triton_gemm_table
+        if triton_gemm_table and self.compiled:
+            gemm_templates.require(device)
         self._fused_option = fused_update
         # AOTAutograd's settings for these compiles: applied around every compiled call, never
         # process-wide (other code's compiles keep torch's defaults); both are in its cache key.
@@ -409,7 +418,9 @@ class Engine:
     def _inductor_options(self, rows: int | None) -> dict[str, Any] | None:
         """The options the compiled functions get for ``rows`` per update (None for a backend
         other than Inductor)."""
-        return inductor_options(self.mode, self.device, self._extra_options, rows) if self._backend == "inductor" else None
+        if self._backend != "inductor":
+            return None
+        return inductor_options(self.mode, self.device, self._extra_options, rows, self._triton_gemm_table)
 
     def _compile(self, fn: Callable) -> Callable:
         if not self.compiled or self.compile_deferred:

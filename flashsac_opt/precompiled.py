@@ -47,6 +47,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 import torch._functorch.config  # noqa: F401  (patched around aot_compile; not imported by torch itself)
 
+from flashsac_opt import gemm_templates
+
 SUFFIX = ".bin"
 # torch's message when a loaded function's guards refuse a call (torch 2.11 and 2.13)
 GUARD_FAILURE = "GuardManager check failed"
@@ -161,7 +163,8 @@ class PrecompiledStep:
                               stacklevel=4)
                 self.stale.append(name)
         try:
-            with aot_enabled(), torch._functorch.config.patch(**self._settings):
+            with aot_enabled(), torch._functorch.config.patch(**self._settings), \
+                    gemm_templates.choices_context(self._compile_kwargs.get("options")):
                 compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, **self._compile_kwargs).aot_compile((args, {}))
         except Exception as exc:  # noqa: BLE001  e.g. a backend whose output cannot be saved
             self._fall_back(constants, f"aot_compile failed ({type(exc).__name__}: {str(exc)[:200]})")

@@ -119,6 +119,9 @@ GRAPH_STUDIES = {
     # issue 45 item 3: each network's post-backward step (Adam, renormalization, guarded commit,
     # Polyak) as one Triton launch (fused_step.py; any batch)
     "ours_graph_fused_gated_step": {"fused_gated_step": True},
+    # every GEMM on Inductor's Triton template at one fixed configuration (gemm_templates.py): its
+    # epilogue / prologue fusion without the autotuning that ruled ours_graph_triton_gemm out
+    "ours_graph_triton_gemm_table": {"triton_gemm_table": True},
 }
 VARIANTS = (
     "unilab_eager", "unilab_compile", "unilab_graph",
