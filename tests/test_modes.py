@@ -675,9 +675,9 @@ def test_the_engine_asks_for_its_options_with_the_first_batchs_rows(monkeypatch)
     asked = []
     real = engine_module.inductor_options
 
-    def recording(mode, device, extra=None, rows=None):
+    def recording(mode, device, extra=None, rows=None, triton_gemm_table=False):
         asked.append(rows)
-        return real(mode, device, extra, rows)
+        return real(mode, device, extra, rows, triton_gemm_table)
 
     monkeypatch.setattr(engine_module, "inductor_options", recording)
     learner = make("compile")
