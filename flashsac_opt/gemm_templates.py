@@ -118,7 +118,12 @@ def choices_context(options: Mapping[str, Any] | None) -> contextlib.AbstractCon
 
 def require(device: torch.device) -> None:
     """A clear error where this torch lacks the hook the table needs, before any compile."""
-    if not hasattr(InductorChoices, "_finalize_template_configs"):
-        raise RuntimeError(f"triton_gemm_table needs Inductor's InductorChoices._finalize_template_configs (torch {torch.__version__} lacks it)")
+    import importlib.util
+
+    missing = [] if hasattr(InductorChoices, "_finalize_template_configs") else ["InductorChoices._finalize_template_configs"]
+    missing += [m for m in ("torch._inductor.kernel_template_choice", "torch._inductor.template_heuristics.params")
+                if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"triton_gemm_table needs Inductor's {', '.join(missing)} (torch {torch.__version__} lacks it)")
     if device.type != "cuda":
         raise ValueError(f"triton_gemm_table applies to CUDA learners (Inductor's Triton GEMM templates), got {device}")
