@@ -230,8 +230,7 @@ class Engine:
         (the caller's ``dims`` and ``config`` mappings) and what the engine adds.
         ``precompiled_steps``: the fused steps are saved whole and loaded by later processes
         (precompiled.py), with Inductor and without its CUDA graphs (graph mode, or the CPU).
-        ``triton_gemm_table``: every GEMM on Inductor's Triton template at one fixed configuration
-        (gemm_templates.py; compiled modes on CUDA)."""
+        ``triton_gemm_table``: every GEMM on a Triton template (gemm_templates.py; CUDA only)."""
         self.mode = check_mode(mode)
         self.device = device
         if self.mode == "graph" and device.type != "cuda":
@@ -242,9 +241,7 @@ class Engine:
         self.state = list(state)
         self._backend = backend
         self._extra_options = dict(inductor_options or {})
-        self._triton_gemm_table = triton_gemm_table
-        if triton_gemm_table and self.compiled:
-            gemm_templates.require(device)
+        self._triton_gemm_table = triton_gemm_table and self.compiled and gemm_templates.require(device) is None  # or raises
         self._fused_option = fused_update
         # AOTAutograd's settings for these compiles: applied around every compiled call, never
         # process-wide (other code's compiles keep torch's defaults); both are in its cache key.
@@ -418,9 +415,7 @@ class Engine:
     def _inductor_options(self, rows: int | None) -> dict[str, Any] | None:
         """The options the compiled functions get for ``rows`` per update (None for a backend
         other than Inductor)."""
-        if self._backend != "inductor":
-            return None
-        return inductor_options(self.mode, self.device, self._extra_options, rows, self._triton_gemm_table)
+        return inductor_options(self.mode, self.device, self._extra_options, rows, self._triton_gemm_table) if self._backend == "inductor" else None
 
     def _compile(self, fn: Callable) -> Callable:
         if not self.compiled or self.compile_deferred:

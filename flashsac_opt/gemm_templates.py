@@ -10,7 +10,7 @@ chosen without benchmarking; with a single choice Inductor skips autotuning alto
 (select_algorithm: one choice is returned as is), so the cold start pays only the Triton compile
 of the fused kernels.
 
-Installed through Inductor's ``inductor_choices_class`` option (``FixedGemmChoices``; its
+Installed through Inductor's ``inductor_choices_class`` option (``choices_class()``; its
 ``uuid`` enters Inductor's cache key, so a change of the rule recompiles). CUDA only: on other
 devices the class defers to Inductor's own choices. ``FlashSACConfig.triton_gemm_table`` turns it
 on for the compiled modes (off until measured; study ``ours_graph_triton_gemm_table``).
@@ -22,10 +22,11 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-from torch._inductor.choices import InductorChoices
+import functools
 
-# The rule's version: part of the cache key (FixedGemmChoices.uuid). Bump it with any change below.
+import torch
+
+# The rule's version: part of the cache key (FixedGemmBehaviour.uuid). Bump it with any change below.
 TABLE_VERSION = 1
 SMS_HOPPER = 132  # H100 / H200 SXM streaming multiprocessors: the rule aims at one wave or more
 # op name (Inductor's lowering) -> the uid of the plain Triton template that serves it
@@ -54,9 +55,29 @@ def gemm_config(batch: int, m: int, n: int, k: int) -> dict[str, int]:
             "num_stages": 2 if steps <= 2 else 3, "num_warps": 4}
 
 
-class FixedGemmChoices(InductorChoices):
-    """Inductor's choices with every CUDA mm / addmm / bmm / baddbmm served by its Triton template
-    at ``gemm_config``'s configuration, and nothing else to choose from."""
+@functools.cache
+def choices_class() -> type:
+    """``FixedGemmChoices``, defined at first use: importing Inductor's choices costs seconds
+    (~4.5 s on a CI core), which every process that imports the engine would otherwise pay."""
+    from torch._inductor.choices import InductorChoices
+
+    class FixedGemmChoices(FixedGemmBehaviour, InductorChoices):
+        """Inductor's choices with every CUDA mm / addmm / bmm / baddbmm served by its Triton
+        template at ``gemm_config``'s configuration, and nothing else to choose from."""
+
+    # pickled by reference as this module's FixedGemmChoices (the module __getattr__ below)
+    FixedGemmChoices.__module__, FixedGemmChoices.__qualname__ = __name__, "FixedGemmChoices"
+    return FixedGemmChoices
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FixedGemmChoices":
+        return choices_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class FixedGemmBehaviour:
+    """What ``choices_class()`` changes in Inductor's InductorChoices (mixed in before it)."""
 
     def uuid(self) -> str:  # Inductor's cache key for a custom choices class
         return f"flashsac_opt.gemm_templates.FixedGemmChoices/{TABLE_VERSION}"
@@ -93,10 +114,10 @@ def inductor_options() -> dict[str, Any]:
     """The Inductor options that put every GEMM on its Triton template at the fixed configuration."""
     return {
         "max_autotune_gemm": True,
-        # ATen stays a backend for what no Triton template serves (FixedGemmChoices then keeps
+        # ATen stays a backend for what no Triton template serves (the choices class then keeps
         # Inductor's own choice); where the template serves, the class drops the ATen choice.
         "max_autotune_gemm_backends": "ATEN,TRITON",
-        "inductor_choices_class": FixedGemmChoices,
+        "inductor_choices_class": choices_class(),
         # The templates mask ragged edges themselves: padding the operands (graph mode's default,
         # for cuBLAS's sake) would only add copy kernels.
         "force_shape_pad": False,
@@ -119,6 +140,8 @@ def choices_context(options: Mapping[str, Any] | None) -> contextlib.AbstractCon
 def require(device: torch.device) -> None:
     """A clear error where this torch lacks the hook the table needs, before any compile."""
     import importlib.util
+
+    from torch._inductor.choices import InductorChoices
 
     missing = [] if hasattr(InductorChoices, "_finalize_template_configs") else ["InductorChoices._finalize_template_configs"]
     missing += [m for m in ("torch._inductor.kernel_template_choice", "torch._inductor.template_heuristics.params")

@@ -3,6 +3,7 @@ fixed configuration, no autotuning. The rule, the choice it hands Inductor, the 
 installation of the choices class, and the switch's refusals run on the CPU; the GPU test trains
 with it beside graph mode's default."""
 
+import pickle
 import types
 
 import pytest
@@ -47,7 +48,7 @@ def _inputs(device_type, m, n, k, batch):
     return types.SimpleNamespace(device_type=device_type, mnk_hinted=lambda: (m, n, k), batch_hinted=lambda: batch)
 
 
-class _Choices(gemm_templates.FixedGemmChoices):
+class _Choices(gemm_templates.choices_class()):
     """The heuristic's first configuration stubbed (Inductor's own needs CUDA inputs)."""
 
     def get_ktc(self, kernel_inputs, template, op_name, kwarg_overrides=None):
@@ -84,7 +85,7 @@ def test_the_choices_class_is_this_threads_only_around_a_compile_with_the_option
     each call of a function compiled with it and restores the previous one after."""
     seen = []
 
-    class Spy(gemm_templates.FixedGemmChoices):
+    class Spy(gemm_templates.choices_class()):
         def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides=None):
             seen.append((op_name, [t.uid for t in templates]))
             return super()._finalize_template_configs(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
@@ -106,11 +107,12 @@ def test_the_choices_class_is_this_threads_only_around_a_compile_with_the_option
 def test_the_options_and_the_switch(monkeypatch):
     cuda = torch.device("cuda")
     on = inductor_options("graph", cuda, rows=256, triton_gemm_table=True)
-    assert on["inductor_choices_class"] is gemm_templates.FixedGemmChoices
+    assert on["inductor_choices_class"] is gemm_templates.choices_class()
     assert on["max_autotune_gemm"] is True and on["force_shape_pad"] is False
     assert "inductor_choices_class" not in inductor_options("graph", cuda, rows=256)
     assert inductor_options("graph", cuda, {"force_shape_pad": True}, rows=256, triton_gemm_table=True)["force_shape_pad"] is True
-    assert gemm_templates.FixedGemmChoices().uuid().endswith(f"/{gemm_templates.TABLE_VERSION}")
+    assert gemm_templates.choices_class()().uuid().endswith(f"/{gemm_templates.TABLE_VERSION}")
+    assert pickle.loads(pickle.dumps(on["inductor_choices_class"])) is gemm_templates.FixedGemmChoices  # by reference
     with pytest.raises(ValueError, match="triton_gemm_table must be true or false"):
         FlashSACConfig(triton_gemm_table="false")
     dims = {"obs_dim": 12, "critic_obs_dim": 14, "action_dim": 4}

@@ -170,10 +170,14 @@ def test_a_learner_with_the_fused_layer_updates_as_the_composite_one(mode, monke
     m, m_f = plain.read_metrics(), fused.read_metrics()
     assert m_f["Loss/critic"] == pytest.approx(m["Loss/critic"], rel=1e-4)
     # the kernel sums each dot product in BLOCK_K chunks, the CPU GEMM in its own order: float32's
-    # last bits differ, and six Adam steps (gradient / sqrt of its square) carry them to ~1e-5
+    # last bits differ, and six Adam steps (gradient / sqrt of its square) carry them to ~1e-5; where
+    # a gradient element is near zero its sign can differ, and Adam's step then by up to 2 lr (one
+    # element of 4784 at 5.4e-5 on the 2026-12-08 CI machine)
     for a, b in ((plain.critic.params, fused.critic.params), (plain.critic.bn_stats, fused.critic.bn_stats),
                  (plain.actor.params, fused.actor.params)):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=5e-5)
+        diff = (b - a).abs()
+        assert diff.max().item() <= 2 * updates * cfg.peak_lr, diff.max().item()
+        assert (diff > 5e-5 + 1e-4 * a.abs()).float().mean().item() < 1e-3  # the bulk: rounding carried by Adam
 
 
 def test_the_switch_needs_triton(monkeypatch):
