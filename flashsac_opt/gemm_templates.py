@@ -19,16 +19,15 @@ on for the compiled modes (off until measured; study ``ours_graph_triton_gemm_ta
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Mapping
 from typing import Any
-
-import functools
 
 import torch
 
 # The rule's version: part of the cache key (FixedGemmBehaviour.uuid). Bump it with any change below.
 TABLE_VERSION = 1
-SMS_HOPPER = 132  # H100 / H200 SXM streaming multiprocessors: the rule aims at one wave or more
+SMS_HOPPER = 132  # H100 / H200 SXM streaming multiprocessors: the rule aims at half a wave or more
 # op name (Inductor's lowering) -> the uid of the plain Triton template that serves it
 TEMPLATES = {"mm": "triton::mm", "addmm": "triton::mm", "bmm": "triton::bmm", "baddbmm": "triton::bmm"}
 
