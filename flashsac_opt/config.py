@@ -200,9 +200,10 @@ class EngineOptions:
     # item 3, off until measured.
     fused_gated_step: bool = False
     # Every GEMM of the compiled modes as Inductor's own Triton template at one fixed configuration
-    # per size (gemm_templates.py): Inductor then fuses the casts, BN apply and ReLU before a GEMM
-    # and the pointwise work after it into the GEMM's kernel, without the autotuning that made its
-    # templates cost ~10x graph mode's cold compile (ours_graph_triton_gemm, 2026-12-03). CUDA only.
+    # per size (gemm_templates.py): Inductor may then fuse pointwise work before a GEMM (casts, BN
+    # apply, ReLU) and after it into the GEMM's kernel (how much it does is what the study counts),
+    # without the autotuning that made its templates cost ~10x graph mode's cold compile
+    # (ours_graph_triton_gemm, 2026-12-03). CUDA only.
     # Issue 45, off until measured (study ours_graph_triton_gemm_table).
     triton_gemm_table: bool = False
     # Data parallel only: at the end of every iteration, rank 0's actor, critic and target

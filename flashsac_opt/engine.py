@@ -182,7 +182,8 @@ def compile_objective(fn: Callable, backend: str, options: Mapping[str, Any] | N
     """``fn`` under torch.compile as the engine compiles it (one whole graph, static shapes),
     with ``functorch_config`` (AOTAutograd's settings) set around every call: torch.compile
     compiles at the first call and looks its caches up at each new compile, with the config of
-    that moment, so a process-wide setting would reach other code's compiles too."""
+    that moment, so a process-wide setting would reach other code's compiles too. The same holds
+    for an ``inductor_choices_class`` in ``options`` (gemm_templates.choices_context)."""
     compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend, options=options)
     choices = (options or {}).get("inductor_choices_class") is not None
     if not functorch_config and not choices:
